@@ -1,0 +1,32 @@
+"""aliasguard: correct aliasing below autograd for stock PyTorch.
+
+Importing this package gives PyTorch the behaviour of the core patch:
+
+* ``aten::detach`` below autograd keeps its input's version counter;
+* :func:`torch.mark_as_view` (also :func:`aliasguard.mark_as_view`) turns a
+  tensor into a view of another, like autograd's ``as_view``;
+* :func:`track_views` re-enables view and in-place tracking inside
+  ``__torch_dispatch__``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aliasguard import _C
+from aliasguard._views import mark_as_view, shares_version_counter, track_views
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "mark_as_view",
+    "shares_version_counter",
+    "track_views",
+]
+
+# See DESIGN.md: the core patch would add this to torch/__init__.py.
+torch.mark_as_view = mark_as_view  # type: ignore[attr-defined]
+
+# --- issue 3: alias correction (aliasguard/_aliasing.py) ---
+# --- issue 4: selective checkpointing (aliasguard/checkpoint.py) ---

@@ -1,0 +1,26 @@
+#include <c10/core/VersionCounterUtils.h>
+
+#include <c10/util/Exception.h>
+
+namespace c10 {
+
+bool shares_version_counter(const TensorImpl& a, const TensorImpl& b) {
+  // See Note [Version counter identity]
+  const void* identity = version_counter_identity(a.version_counter());
+  return identity != nullptr &&
+      identity == version_counter_identity(b.version_counter());
+}
+
+void share_version_counter(TensorImpl& dst, const TensorImpl& src) {
+  TORCH_CHECK(
+      has_version_counter(src),
+      "share_version_counter: the source is an inference tensor and has no "
+      "version counter to share");
+  TORCH_CHECK(
+      !dst.is_inference(),
+      "share_version_counter: cannot give an inference tensor a version "
+      "counter");
+  dst.set_version_counter(src.version_counter());
+}
+
+} // namespace c10

@@ -1,0 +1,146 @@
+// aliasguard._C: thin bindings over the C++ API; every function here unpacks
+// Python objects, calls one C++ function and packs the result.
+
+#include <c10/core/VersionCounterUtils.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/mark_as_view.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/track_views.h>
+#include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <string>
+
+namespace py = pybind11;
+
+namespace torch::utils {
+namespace {
+
+const at::Tensor& unpack_tensor(
+    py::handle obj,
+    const char* function,
+    const char* argument) {
+  if (!THPVariable_Check(obj.ptr())) {
+    throw py::type_error(
+        std::string(function) + "(): " + argument + " must be a Tensor, got " +
+        Py_TYPE(obj.ptr())->tp_name);
+  }
+  return THPVariable_Unpack(obj.ptr());
+}
+
+// The user's callable outlives this call (autograd keeps it in the view's
+// metadata) and may be released on a thread that does not hold the GIL.
+autograd::ViewReplayFn wrap_view_fn(py::object view_fn) {
+  std::shared_ptr<py::object> holder(
+      new py::object(std::move(view_fn)), [](py::object* callable) {
+        py::gil_scoped_acquire gil;
+        delete callable;
+      });
+  return [holder](const at::Tensor& base) -> at::Tensor {
+    py::gil_scoped_acquire gil;
+    py::object result = (*holder)(py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(base)));
+    if (!THPVariable_Check(result.ptr())) {
+      throw py::type_error(
+          std::string("mark_as_view(): view_fn must return a Tensor, got ") +
+          Py_TYPE(result.ptr())->tp_name);
+    }
+    return THPVariable_Unpack(result.ptr());
+  };
+}
+
+py::object mark_as_view(
+    py::object tensor,
+    py::object base,
+    bool is_bw_differentiable,
+    bool is_fw_differentiable,
+    py::object view_fn,
+    py::object creation_meta,
+    bool alias_storage) {
+  const at::Tensor& self = unpack_tensor(tensor, "mark_as_view", "tensor");
+  const at::Tensor& base_tensor = unpack_tensor(base, "mark_as_view", "base");
+  autograd::MarkAsViewOptions options;
+  options.is_bw_differentiable = is_bw_differentiable;
+  options.is_fw_differentiable = is_fw_differentiable;
+  options.alias_storage = alias_storage;
+  if (!view_fn.is_none()) {
+    if (!PyCallable_Check(view_fn.ptr())) {
+      throw py::type_error(
+          std::string("mark_as_view(): view_fn must be callable, got ") +
+          Py_TYPE(view_fn.ptr())->tp_name);
+    }
+    options.view_fn = wrap_view_fn(std::move(view_fn));
+  }
+  if (!creation_meta.is_none()) {
+    if (!py::isinstance<py::str>(creation_meta)) {
+      throw py::type_error(
+          std::string("mark_as_view(): creation_meta must be a str, got ") +
+          Py_TYPE(creation_meta.ptr())->tp_name);
+    }
+    options.creation_meta =
+        autograd::creation_meta_from_name(creation_meta.cast<std::string>());
+  }
+  autograd::mark_as_view(self, base_tensor, std::move(options));
+  return tensor;
+}
+
+void translate_c10_error(std::exception_ptr error) {
+  try {
+    if (error) {
+      std::rethrow_exception(error);
+    }
+  } catch (const c10::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  }
+}
+
+} // namespace
+} // namespace torch::utils
+
+PYBIND11_MODULE(_C, m) {
+  using namespace torch;
+  m.doc() = "aliasguard C++ core";
+  py::register_local_exception_translator(&utils::translate_c10_error);
+
+  m.def(
+      "_mark_as_view",
+      &utils::mark_as_view,
+      py::arg("tensor"),
+      py::arg("base"),
+      py::kw_only(),
+      py::arg("is_bw_differentiable") = true,
+      py::arg("is_fw_differentiable") = true,
+      py::arg("view_fn") = py::none(),
+      py::arg("creation_meta") = py::none(),
+      py::arg("alias_storage") = false);
+
+  m.def(
+      "shares_version_counter",
+      [](py::handle a, py::handle b) {
+        return c10::shares_version_counter(
+            *utils::unpack_tensor(a, "shares_version_counter", "a")
+                 .unsafeGetTensorImpl(),
+            *utils::unpack_tensor(b, "shares_version_counter", "b")
+                 .unsafeGetTensorImpl());
+      },
+      py::arg("a"),
+      py::arg("b"));
+
+  m.def("_enable_view_tracking", &autograd::enable_view_tracking);
+  m.def(
+      "_restore_view_tracking",
+      &autograd::restore_view_tracking,
+      py::arg("was_excluded"));
+  m.def("_is_view_tracking_enabled", &autograd::is_view_tracking_enabled);
+
+  utils::init_alias_correction_bindings(m);
+}
