@@ -29,4 +29,23 @@ __all__ = [
 torch.mark_as_view = mark_as_view  # type: ignore[attr-defined]
 
 # --- issue 3: alias correction (aliasguard/_aliasing.py) ---
+from aliasguard._aliasing import (  # noqa: E402
+    AliasingError,
+    audit,
+    correct_aliasing,
+    is_alias_correction_enabled,
+    set_alias_correction,
+)
+
+__all__ += [
+    "AliasingError",
+    "audit",
+    "correct_aliasing",
+    "is_alias_correction_enabled",
+    "set_alias_correction",
+]
 # --- issue 4: selective checkpointing (aliasguard/checkpoint.py) ---
+from aliasguard import checkpoint  # noqa: E402
+from aliasguard.checkpoint import CheckpointMutationError  # noqa: E402
+
+__all__ += ["CheckpointMutationError", "checkpoint"]

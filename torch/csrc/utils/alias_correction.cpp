@@ -1,0 +1,811 @@
+#include <torch/csrc/utils/alias_correction.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/VersionCounterUtils.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/mark_as_view.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace torch::utils {
+
+// Note [Alias correction after __torch_dispatch__]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Above the Python key, autograd trusts an op's schema: ADInplaceOrView makes
+// a view return share its base's version counter and returns the argument of
+// an in-place op. Below it, what comes back is whatever __torch_dispatch__
+// built, and three things go wrong silently:
+//   * a wrapper subclass (_make_wrapper_subclass) answers a view op with a
+//     new wrapper whose storage is a placeholder of its own, so storage-based
+//     alias analysis (untyped_storage(), AOTAutograd, functionalization)
+//     concludes it aliases nothing;
+//   * any view made below autograd gets a fresh version counter, so an
+//     in-place op through the input is invisible through the output (and to
+//     a mode that cached the output: selective checkpointing);
+//   * an in-place or out= op is answered with a new tensor, so the caller's
+//     argument object is not what comes back.
+// correct_aliasing repairs what can be repaired without guessing: a
+// placeholder output takes its input's storage (set_storage_keep_dtype, which
+// keeps its sizes, strides and offset, as upstream's
+// return_and_correct_aliasing does), every view output shares its input's
+// counter (the below-autograd counterpart of as_view), a write return is
+// replaced by its argument (updating a wrapper argument's sizes and strides
+// when an in-place view op such as t_ changed them). What cannot be repaired
+// without inventing an answer is an error: a view answered with a tensor that
+// owns different memory, a write answered with new memory, a return that is
+// another argument. A wrong answer is worse than an error, so every check of
+// every return runs before the first change (plan, then apply): when
+// AliasingError is thrown, nothing was modified.
+//
+// Storage cannot be checked when the input is a placeholder and the output
+// real (a nested-tensor wrapper returning views of its values buffer), or
+// when either side has no storage (sparse): those outputs only get the
+// counter, as as_view would give them.
+
+AliasingError::AliasingError(
+    std::string op,
+    size_t return_index,
+    std::string argument,
+    const std::string& problem)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, problem),
+      op_(std::move(op)),
+      return_index_(return_index),
+      argument_(std::move(argument)) {}
+
+AliasingError::~AliasingError() = default;
+
+std::string OpValueRef::describe() const {
+  switch (kind_) {
+    case Kind::kNone:
+      return "None";
+    case Kind::kTensor:
+      return "a Tensor";
+    case Kind::kTensorList:
+      return "a list of " + std::to_string(elements_.size()) + " Tensors";
+    case Kind::kOther:
+      return std::string("a ") + type_name_;
+  }
+  return "an unknown value";
+}
+
+namespace {
+
+using torch::autograd::has_placeholder_storage;
+
+// One return (or one element of a list return) and the argument it concerns.
+struct Site {
+  const SchemaAliasAnalysis& analysis;
+  size_t return_index;
+  std::optional<size_t> argument;
+  std::optional<size_t> element = std::nullopt;
+
+  Site with_argument(size_t index) const {
+    return Site{analysis, return_index, index, element};
+  }
+  Site with_element(size_t index) const {
+    return Site{analysis, return_index, argument, index};
+  }
+};
+
+[[noreturn]] void fail(const Site& site, std::string_view problem) {
+  std::ostringstream message;
+  message << site.analysis.op_name() << ": return " << site.return_index;
+  if (site.element.has_value()) {
+    message << " (list element " << *site.element << ")";
+  }
+  message << ' ' << problem << "\n  schema: " << site.analysis.schema_string();
+  throw AliasingError(
+      site.analysis.op_name(),
+      site.return_index,
+      site.argument.has_value() ? site.analysis.argument_name(*site.argument)
+                                : std::string(),
+      message.str());
+}
+
+// "argument 'self'", for the argument the site concerns.
+std::string named(const Site& site) {
+  return "argument '" + site.analysis.argument_name(*site.argument) + "'";
+}
+
+bool has_real_storage(const at::Tensor& tensor) {
+  return tensor.has_storage() && !has_placeholder_storage(tensor);
+}
+
+const c10::Storage& storage_of(const at::Tensor& tensor) {
+  // unsafe_storage: a wrapper subclass's storage() throws by design.
+  return tensor.unsafeGetTensorImpl()->unsafe_storage();
+}
+
+bool storages_alias(const at::Tensor& a, const at::Tensor& b) {
+  return a.has_storage() && b.has_storage() &&
+      storage_of(a).is_alias_of(storage_of(b));
+}
+
+// Calls `visit(tensor)` for each defined tensor of a value.
+template <typename Visit>
+void for_each_tensor(const OpValueRef& value, Visit&& visit) {
+  if (value.is_tensor()) {
+    visit(value.tensor());
+  } else if (value.is_list()) {
+    for (const at::Tensor* element : value.elements()) {
+      if (element != nullptr && element->defined()) {
+        visit(*element);
+      }
+    }
+  }
+}
+
+const at::Tensor& tensor_argument(
+    const Site& site,
+    c10::ArrayRef<OpValueRef> args) {
+  const OpValueRef& value = args[*site.argument];
+  if (!value.is_tensor()) {
+    fail(
+        site,
+        "is a tensor but " + named(site) + ", which it aliases, is " +
+            value.describe());
+  }
+  return value.tensor();
+}
+
+// The return must not be some other argument: making it alias (or replacing
+// it by) the argument the schema names would modify an input of the op.
+void check_not_other_argument(
+    const Site& site,
+    const at::Tensor& output,
+    c10::ArrayRef<OpValueRef> args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i == *site.argument) {
+      continue;
+    }
+    for_each_tensor(args[i], [&](const at::Tensor& input) {
+      if (output.is_same(input)) {
+        fail(
+            site,
+            "is " + named(site.with_argument(i)) +
+                ", but the schema says it aliases " + named(site));
+      }
+    });
+  }
+}
+
+bool needs_shared_version_counter(
+    const at::Tensor& input,
+    const at::Tensor& output) {
+  const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
+  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
+  // Inference tensors have no counter to share; as_view skips them too.
+  return c10::has_version_counter(in) && c10::has_version_counter(out) &&
+      !c10::shares_version_counter(in, out);
+}
+
+struct ViewFix {
+  c10::TensorImpl* output;
+  const c10::TensorImpl* input;
+  bool alias_storage;
+  bool share_version_counter;
+};
+
+struct Restride {
+  c10::TensorImpl* argument;
+  std::vector<c10::SymInt> sizes;
+  std::vector<c10::SymInt> strides;
+  c10::SymInt storage_offset;
+};
+
+struct Plan {
+  c10::SmallVector<ViewFix, 4> view_fixes;
+  c10::SmallVector<Restride, 1> restrides;
+};
+
+void plan_view_output(
+    const Site& site,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    c10::ArrayRef<OpValueRef> args,
+    Plan& plan) {
+  if (output.is_same(input)) {
+    return;
+  }
+  check_not_other_argument(site, output, args);
+  bool alias_storage = false;
+  if (has_placeholder_storage(output)) {
+    if (!input.has_storage()) {
+      fail(
+          site,
+          "is a wrapper tensor with placeholder storage, but " + named(site) +
+              " (layout " + c10::str(input.layout()) +
+              ") has no storage it could share");
+    }
+    if (!storages_alias(output, input)) {
+      const c10::Device from = storage_of(output).device();
+      const c10::Device to = storage_of(input).device();
+      if (from != to) {
+        fail(
+            site,
+            "is a wrapper tensor on " + from.str() + " but " + named(site) +
+                " keeps its storage on " + to.str() +
+                ", so it cannot share that storage");
+      }
+      alias_storage = true;
+    }
+  } else if (has_real_storage(output) && has_real_storage(input)) {
+    if (!storages_alias(output, input)) {
+      fail(
+          site,
+          "should be a view of " + named(site) +
+              " but has storage of its own: it shares no memory with its "
+              "input (was the view op answered with a copy?)");
+    }
+  }
+  const bool share = needs_shared_version_counter(input, output);
+  if (alias_storage || share) {
+    plan.view_fixes.push_back(
+        {output.unsafeGetTensorImpl(),
+         input.unsafeGetTensorImpl(),
+         alias_storage,
+         share});
+  }
+}
+
+bool same_strided_metadata(const at::Tensor& a, const at::Tensor& b) {
+  if (a.layout() != b.layout() || !a.sym_sizes().equals(b.sym_sizes())) {
+    return false;
+  }
+  if (a.layout() != c10::kStrided) {
+    return true;
+  }
+  return a.sym_strides().equals(b.sym_strides()) &&
+      a.sym_storage_offset() == b.sym_storage_offset();
+}
+
+void plan_write_output(
+    const Site& site,
+    const at::Tensor& argument,
+    const at::Tensor& output,
+    c10::ArrayRef<OpValueRef> args,
+    Plan& plan) {
+  if (output.is_same(argument)) {
+    return;
+  }
+  check_not_other_argument(site, output, args);
+  if (has_real_storage(output) && has_real_storage(argument) &&
+      !storages_alias(output, argument)) {
+    fail(
+        site,
+        "is a new tensor that shares no memory with " + named(site) +
+            ": an in-place or out= op must write into that argument and "
+            "return it");
+  }
+  if (same_strided_metadata(output, argument)) {
+    return;
+  }
+  c10::TensorImpl* impl = argument.unsafeGetTensorImpl();
+  if (!has_placeholder_storage(argument) ||
+      argument.layout() != c10::kStrided || output.layout() != c10::kStrided) {
+    fail(
+        site,
+        "has sizes " + c10::str(output.sym_sizes()) + " but " + named(site) +
+            " has sizes " + c10::str(argument.sym_sizes()) +
+            " (or their strides, offsets or layouts differ): the op did not "
+            "update the argument it claims to have written");
+  }
+  // An in-place view op (t_, squeeze_, as_strided_, ...) on a wrapper: the
+  // dispatch computed the new metadata on the wrapper it returned; the
+  // argument, which is what the caller gets back, must carry it.
+  plan.restrides.push_back(
+      {impl,
+       output.sym_sizes().vec(),
+       output.sym_strides().vec(),
+       output.sym_storage_offset()});
+}
+
+void plan_view_return(
+    const Site& site,
+    c10::ArrayRef<OpValueRef> args,
+    const OpValueRef& value,
+    bool is_list,
+    Plan& plan) {
+  if (!is_list) {
+    if (value.is_none()) {
+      return; // an optional return
+    }
+    if (!value.is_tensor()) {
+      fail(site, "is " + value.describe() + ", but the schema returns a Tensor");
+    }
+    plan_view_output(site, tensor_argument(site, args), value.tensor(), args, plan);
+    return;
+  }
+  if (!value.is_list()) {
+    fail(
+        site,
+        "is " + value.describe() + ", but the schema returns a list of Tensors");
+  }
+  const at::Tensor& input = tensor_argument(site, args);
+  const auto elements = value.elements();
+  for (size_t k = 0; k < elements.size(); ++k) {
+    if (elements[k] != nullptr && elements[k]->defined()) {
+      plan_view_output(site.with_element(k), input, *elements[k], args, plan);
+    }
+  }
+}
+
+void plan_write_return(
+    const Site& site,
+    c10::ArrayRef<OpValueRef> args,
+    const OpValueRef& value,
+    bool is_list,
+    Plan& plan) {
+  if (!is_list) {
+    if (!value.is_tensor()) {
+      fail(
+          site,
+          "is " + value.describe() + ", but the op writes " + named(site) +
+              " and must return it");
+    }
+    plan_write_output(site, tensor_argument(site, args), value.tensor(), args, plan);
+    return;
+  }
+  const OpValueRef& argument = args[*site.argument];
+  if (!value.is_list() || !argument.is_list()) {
+    fail(
+        site,
+        "is " + value.describe() + " and " + named(site) + " is " +
+            argument.describe() + ", but the schema says both are lists of "
+            "Tensors, the one returned as the other");
+  }
+  const auto outputs = value.elements();
+  const auto inputs = argument.elements();
+  if (outputs.size() != inputs.size()) {
+    fail(
+        site,
+        "is a list of " + std::to_string(outputs.size()) + " tensors but " +
+            named(site) + " is a list of " + std::to_string(inputs.size()));
+  }
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Site element_site = site.with_element(k);
+    if (outputs[k] == nullptr || inputs[k] == nullptr ||
+        !outputs[k]->defined() || !inputs[k]->defined()) {
+      fail(element_site, "and the matching element of " + named(site) +
+               " must both be tensors");
+    }
+    plan_write_output(element_site, *inputs[k], *outputs[k], args, plan);
+  }
+}
+
+void check_arity(
+    const SchemaAliasAnalysis& analysis,
+    size_t num_args,
+    size_t num_rets) {
+  TORCH_CHECK(
+      num_args == analysis.num_arguments(),
+      analysis.op_name(),
+      ": expected ",
+      analysis.num_arguments(),
+      " arguments (all of the schema's, in order), got ",
+      num_args);
+  TORCH_CHECK(
+      num_rets == analysis.returns().size(),
+      analysis.op_name(),
+      ": expected ",
+      analysis.returns().size(),
+      " returns, got ",
+      num_rets);
+}
+
+void apply(const Plan& plan) {
+  // Restrides first: set_sizes_and_strides is the one step that can still
+  // refuse (a wrapper whose sizes Python customizes); nothing else has
+  // changed by then.
+  for (const Restride& restride : plan.restrides) {
+    restride.argument->set_sizes_and_strides(
+        restride.sizes, restride.strides, restride.storage_offset);
+  }
+  for (const ViewFix& fix : plan.view_fixes) {
+    if (fix.alias_storage) {
+      fix.output->set_storage_keep_dtype(fix.input->unsafe_storage());
+    }
+    if (fix.share_version_counter) {
+      c10::share_version_counter(*fix.output, *fix.input);
+    }
+  }
+}
+
+const char* ivalue_type_name(const c10::IValue& value) {
+  if (value.isInt() || value.isSymInt()) {
+    return "int";
+  }
+  if (value.isDouble() || value.isSymFloat()) {
+    return "float";
+  }
+  if (value.isBool() || value.isSymBool()) {
+    return "bool";
+  }
+  if (value.isString()) {
+    return "str";
+  }
+  if (value.isList()) {
+    return "list";
+  }
+  if (value.isTuple()) {
+    return "tuple";
+  }
+  if (value.isGenerator()) {
+    return "Generator";
+  }
+  return "non-tensor value";
+}
+
+// OpValueRefs over a stack's IValues; owns the element arrays of lists.
+class BorrowedIValues {
+ public:
+  explicit BorrowedIValues(c10::ArrayRef<c10::IValue> values) {
+    refs_.reserve(values.size());
+    for (const c10::IValue& value : values) {
+      refs_.push_back(borrow(value));
+    }
+  }
+  c10::ArrayRef<OpValueRef> refs() const {
+    return refs_;
+  }
+
+ private:
+  OpValueRef borrow(const c10::IValue& value) {
+    if (value.isTensor()) {
+      return OpValueRef(value.toTensor());
+    }
+    if (value.isNone()) {
+      return OpValueRef();
+    }
+    if (!value.isList()) {
+      return OpValueRef::other(ivalue_type_name(value));
+    }
+    const auto elements = value.toListRef();
+    std::vector<const at::Tensor*> tensors;
+    tensors.reserve(elements.size());
+    for (const c10::IValue& element : elements) {
+      if (element.isTensor()) {
+        tensors.push_back(&element.toTensor());
+      } else if (element.isNone()) {
+        tensors.push_back(nullptr);
+      } else {
+        return OpValueRef::other("list");
+      }
+    }
+    // Moving the vector keeps its buffer, which the ref points into.
+    lists_.push_back(std::move(tensors));
+    return OpValueRef::list(lists_.back());
+  }
+
+  c10::SmallVector<OpValueRef, 8> refs_;
+  std::vector<std::vector<const at::Tensor*>> lists_;
+};
+
+} // namespace
+
+void throw_aliasing_error(
+    const SchemaAliasAnalysis& analysis,
+    size_t return_index,
+    std::optional<size_t> argument,
+    std::string_view problem) {
+  fail(Site{analysis, return_index, argument}, problem);
+}
+
+void correct_aliasing_borrowed(
+    const SchemaAliasAnalysis& analysis,
+    c10::ArrayRef<OpValueRef> args,
+    c10::ArrayRef<OpValueRef> rets) {
+  check_arity(analysis, args.size(), rets.size());
+  if (!analysis.has_aliasing_returns()) {
+    return;
+  }
+  Plan plan;
+  const auto& returns = analysis.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    const ReturnAlias& alias = returns[i];
+    const Site site{analysis, i, alias.argument};
+    if (alias.kind == ReturnAliasKind::kView) {
+      plan_view_return(site, args, rets[i], alias.is_list, plan);
+    } else if (alias.kind == ReturnAliasKind::kWrite) {
+      plan_write_return(site, args, rets[i], alias.is_list, plan);
+    }
+  }
+  apply(plan);
+}
+
+void correct_aliasing(
+    const SchemaAliasAnalysis& analysis,
+    c10::ArrayRef<c10::IValue> args,
+    torch::jit::Stack& rets) {
+  {
+    const BorrowedIValues arg_refs(args);
+    const BorrowedIValues ret_refs(rets);
+    correct_aliasing_borrowed(analysis, arg_refs.refs(), ret_refs.refs());
+  }
+  const auto& returns = analysis.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    if (returns[i].is_write()) {
+      rets[i] = args[returns[i].argument];
+    }
+  }
+}
+
+void correct_aliasing(
+    const c10::OperatorHandle& op,
+    c10::ArrayRef<c10::IValue> args,
+    torch::jit::Stack& rets) {
+  correct_aliasing(*schema_alias_analysis(op), args, rets);
+}
+
+void correct_aliasing(
+    const c10::FunctionSchema& schema,
+    c10::ArrayRef<c10::IValue> args,
+    torch::jit::Stack& rets) {
+  correct_aliasing(SchemaAliasAnalysis(schema), args, rets);
+}
+
+// Note [Alias audit]
+// ~~~~~~~~~~~~~~~~~~
+// The audit checks each op against its schema after it ran, changing
+// nothing: fresh outputs share memory with no input, view outputs share their
+// input's storage and (where autograd's view tracking ran, or alias correction
+// promises it) its version counter, write outputs are their argument.
+//
+// It is a boxed fallback on a dispatch key enabled through the thread-local
+// include set, so it sees every op of the thread (and of the autograd work the
+// thread starts, which inherits the TLS), whatever the tensors: plain ones,
+// subclasses, and the final result of every mode. The key must sit above
+// autograd, so that it sees the ADInplaceOrView result; no key is free there
+// in a stock build, so we borrow TESTING_ONLY_GenericMode, which stock PyTorch
+// registers nothing for (an in-tree patch would add a dedicated key). Two
+// consequences of sitting above autograd:
+//   * CompositeImplicitAutograd ops are skipped: they decompose at the
+//     autograd key into ops the audit sees one by one, and their own results
+//     may legitimately ignore the schema (dropout in eval mode returns its
+//     input for a fresh return);
+//   * keys above the Python key are excluded inside __torch_dispatch__, so
+//     ops called from there are not seen by the fallback. The Python bindings
+//     audit each __torch_dispatch__ result instead, right after correcting
+//     it, which covers nested modes and subclasses layer by layer.
+// Empty outputs are exempt (sharing zero bytes is harmless, and native
+// kernels return their empty input for fresh returns), as is
+// aten::_unsafe_view, whose unannotated return aliases by design.
+
+namespace {
+
+constexpr c10::DispatchKey kAuditKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+std::atomic<AliasingErrorReporter> audit_error_reporter{nullptr};
+
+bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
+  return analysis.op_name() == "aten::_unsafe_view";
+}
+
+void audit_fresh_output(
+    const Site& site,
+    const at::Tensor& output,
+    c10::ArrayRef<OpValueRef> args) {
+  if (!output.has_storage() || storage_of(output).nbytes() == 0) {
+    return;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor(args[i], [&](const at::Tensor& input) {
+      const Site argument_site = site.with_argument(i);
+      if (output.is_same(input)) {
+        fail(
+            argument_site,
+            "is " + named(argument_site) +
+                " itself, but the schema says it is a new tensor (no alias "
+                "annotation)");
+      }
+      if (storages_alias(output, input)) {
+        fail(
+            argument_site,
+            "shares memory with " + named(argument_site) +
+                ", but the schema says it is a new tensor (no alias "
+                "annotation)");
+      }
+    });
+  }
+}
+
+void audit_view_output(
+    const Site& site,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    bool views_share_version_counter) {
+  if (output.is_same(input)) {
+    return;
+  }
+  // A real output of a placeholder input (a wrapper returning views of its
+  // inner tensors) cannot be checked; everything else with storage can.
+  const bool checkable = output.has_storage() && input.has_storage() &&
+      !(has_placeholder_storage(input) && has_real_storage(output));
+  if (checkable && !storages_alias(output, input)) {
+    fail(
+        site,
+        "does not share the storage of " + named(site) +
+            ", of which the schema says it is a view");
+  }
+  if (views_share_version_counter &&
+      needs_shared_version_counter(input, output)) {
+    fail(
+        site,
+        "is a view of " + named(site) +
+            " with a version counter of its own: an in-place change through "
+            "one is invisible to autograd and to caches through the other");
+  }
+}
+
+void audit_write_output(
+    const Site& site,
+    const at::Tensor* argument,
+    const at::Tensor& output) {
+  if (argument == nullptr || !output.is_same(*argument)) {
+    fail(
+        site,
+        "is not " + named(site) +
+            " itself: an in-place or out= op must return the tensor it "
+            "wrote");
+  }
+}
+
+void audit_return(
+    const Site& site,
+    const ReturnAlias& alias,
+    c10::ArrayRef<OpValueRef> args,
+    const OpValueRef& value,
+    bool views_share_version_counter) {
+  const at::Tensor* single = value.is_tensor() ? &value.tensor() : nullptr;
+  const auto outputs = value.is_list()
+      ? value.elements()
+      : c10::ArrayRef<const at::Tensor*>(single != nullptr ? &single : nullptr,
+                                         single != nullptr ? 1 : 0);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k] == nullptr || !outputs[k]->defined()) {
+      continue;
+    }
+    const at::Tensor& output = *outputs[k];
+    const Site element_site = value.is_list() ? site.with_element(k) : site;
+    switch (alias.kind) {
+      case ReturnAliasKind::kFresh:
+        audit_fresh_output(element_site, output, args);
+        break;
+      case ReturnAliasKind::kView:
+        audit_view_output(
+            element_site,
+            tensor_argument(element_site, args),
+            output,
+            views_share_version_counter);
+        break;
+      case ReturnAliasKind::kWrite: {
+        const OpValueRef& argument = args[alias.argument];
+        const at::Tensor* expected = nullptr;
+        if (!alias.is_list && argument.is_tensor()) {
+          expected = &argument.tensor();
+        } else if (alias.is_list && argument.is_list() &&
+                   k < argument.elements().size()) {
+          expected = argument.elements()[k];
+        }
+        audit_write_output(element_site, expected, output);
+        break;
+      }
+      case ReturnAliasKind::kUnknown:
+        return;
+    }
+  }
+}
+
+bool has_tensor_inputs(c10::ArrayRef<c10::IValue> args) {
+  for (const c10::IValue& value : args) {
+    if (value.isTensor()) {
+      return true;
+    }
+    if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor()) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+void audit_fallback(
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet dispatch_keys,
+    torch::jit::Stack* stack) {
+  const c10::DispatchKeySet below = dispatch_keys &
+      c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kAuditKey);
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const c10::ArrayRef<c10::IValue> inputs(
+      stack->data() + stack->size() - num_args, num_args);
+  // See Note [Alias audit] for the skipped ops.
+  if (!has_tensor_inputs(inputs) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  // The op pops its arguments; keep them to check the results against.
+  const c10::SmallVector<c10::IValue, 8> args(inputs.begin(), inputs.end());
+  const std::shared_ptr<const SchemaAliasAnalysis> analysis =
+      schema_alias_analysis(op);
+  op.redispatchBoxed(below, stack);
+  const size_t num_rets = schema.returns().size();
+  const c10::ArrayRef<c10::IValue> rets(
+      stack->data() + stack->size() - num_rets, num_rets);
+  try {
+    audit_aliasing(
+        *analysis, args, rets, below.has(c10::DispatchKey::ADInplaceOrView));
+  } catch (const AliasingError& error) {
+    if (AliasingErrorReporter reporter = audit_error_reporter.load()) {
+      reporter(error);
+    }
+    throw;
+  }
+}
+
+} // namespace
+
+void audit_aliasing_borrowed(
+    const SchemaAliasAnalysis& analysis,
+    c10::ArrayRef<OpValueRef> args,
+    c10::ArrayRef<OpValueRef> rets,
+    bool views_share_version_counter) {
+  check_arity(analysis, args.size(), rets.size());
+  const auto& returns = analysis.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    const ReturnAlias& alias = returns[i];
+    if (alias.kind == ReturnAliasKind::kUnknown ||
+        (alias.kind == ReturnAliasKind::kFresh &&
+         returns_alias_by_design(analysis))) {
+      continue;
+    }
+    audit_return(
+        Site{analysis, i, alias.aliased_argument()},
+        alias,
+        args,
+        rets[i],
+        views_share_version_counter);
+  }
+}
+
+void audit_aliasing(
+    const SchemaAliasAnalysis& analysis,
+    c10::ArrayRef<c10::IValue> args,
+    c10::ArrayRef<c10::IValue> rets,
+    bool views_share_version_counter) {
+  const BorrowedIValues arg_refs(args);
+  const BorrowedIValues ret_refs(rets);
+  audit_aliasing_borrowed(
+      analysis, arg_refs.refs(), ret_refs.refs(), views_share_version_counter);
+}
+
+bool set_alias_audit_enabled(bool enabled) {
+  const bool previous = c10::impl::tls_is_dispatch_key_included(kAuditKey);
+  c10::impl::tls_set_dispatch_key_included(kAuditKey, enabled);
+  return previous;
+}
+
+bool is_alias_audit_enabled() {
+  return c10::impl::tls_is_dispatch_key_included(kAuditKey);
+}
+
+void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
+  audit_error_reporter.store(reporter);
+}
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&audit_fallback>());
+}
+
+} // namespace torch::utils
