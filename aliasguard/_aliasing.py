@@ -53,7 +53,7 @@ T = TypeVar("T")
 
 # Set to False on a tensor subclass or mode class to leave its results alone.
 _OPT_OUT_ATTRIBUTE = "__aliasguard_fixup__"
-# Set on our wrappers (the wrapped function) and __init_subclass__ hooks.
+# Our wrappers' attribute holding the wrapped function; marks our hooks too.
 _WRAPPED_MARK = "__aliasguard_wrapped__"
 _HOOK_MARK = "__aliasguard_hook__"
 
@@ -152,27 +152,21 @@ def audit() -> Iterator[None]:
 
 
 def _wrap_bound(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrapper for a dispatch called with its owner first (cls or self)."""
-    fixup = _C._fixup
+    """Wrapper for a dispatch called with its owner (cls or self) first.
 
-    @functools.wraps(fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
-    def __torch_dispatch__(owner, func, types, args=(), kwargs=None):  # noqa: N807
-        return fixup(owner, func, args, kwargs, fn(owner, func, types, args, kwargs))
-
-    setattr(__torch_dispatch__, _WRAPPED_MARK, fn)
-    return __torch_dispatch__
+    A C callable that binds like a function (see Note [The corrected
+    __torch_dispatch__ wrapper] in python_alias_correction.cpp).
+    """
+    wrapper = _C._CorrectedDispatch(fn)
+    functools.update_wrapper(wrapper, fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
+    return wrapper
 
 
 def _wrap_static(fn: Callable[..., Any], owner: type) -> Callable[..., Any]:
     """Wrapper for a staticmethod dispatch; the opt-out is read on ``owner``."""
-    fixup = _C._fixup
-
-    @functools.wraps(fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
-    def __torch_dispatch__(func, types, args=(), kwargs=None):  # noqa: N807
-        return fixup(owner, func, args, kwargs, fn(func, types, args, kwargs))
-
-    setattr(__torch_dispatch__, _WRAPPED_MARK, fn)
-    return __torch_dispatch__
+    wrapper = _C._CorrectedDispatch(fn, owner)
+    functools.update_wrapper(wrapper, fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
+    return wrapper
 
 
 def _is_infrastructure(cls: type) -> bool:
@@ -189,6 +183,8 @@ def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
         if isinstance(raw, classmethod):
             return classmethod(_wrap_bound(fn))
         return staticmethod(_wrap_static(fn, cls))
+    if isinstance(raw, _C._CorrectedDispatch):
+        return None
     if isinstance(raw, types.FunctionType):
         return None if hasattr(raw, _WRAPPED_MARK) else _wrap_bound(raw)
     if raw is not torch._C._disabled_torch_dispatch_impl:
@@ -242,7 +238,13 @@ def _hook_init_subclass(base: type) -> None:
 
     def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807
         call_previous(cls, **kwargs)
-        _install_on(cls)
+        try:
+            _install_on(cls)
+        except Exception as error:  # never make a class definition fail
+            warnings.warn(
+                f"aliasguard: could not install alias correction on {cls.__qualname__}: {error}",
+                stacklevel=2,
+            )
 
     setattr(__init_subclass__, _HOOK_MARK, True)
     type.__setattr__(base, "__init_subclass__", classmethod(__init_subclass__))

@@ -9,13 +9,14 @@
    "added" is the difference to the baseline. Because a whole wrapper-subclass
    op costs tens of microseconds and the machine may be shared, the per-op
    differences are noisy; the table also gives the correction alone, measured
-   directly: the same dispatch body returning a prepared output, called through
-   aliasguard's wrapper vs bare vs followed by upstream's helper.
+   directly: a dispatch body that only hands out prepared outputs, called
+   bare, through aliasguard's wrapper, or followed by upstream's helper.
 2. A small MLP's forward + backward: plain vs ``aliasguard.audit()`` vs
    ``torch._subclasses.schema_check_mode.SchemaCheckMode``.
 
 Medians over interleaved rounds, thread CPU time (other processes' load
-barely moves it). Prints a markdown table.
+barely moves it), garbage collection off while timing (as timeit does).
+Prints a markdown table.
 
     PYTHONPATH=. .venv/bin/python bench/bench_alias_correction.py [--rounds N]
 """
@@ -23,6 +24,7 @@ barely moves it). Prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from typing import Any, Callable, Dict, Iterator, List
@@ -30,7 +32,6 @@ from typing import Any, Callable, Dict, Iterator, List
 import torch
 from torch._subclasses.schema_check_mode import SchemaCheckMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
-from torch.utils._pytree import tree_map_only
 
 import aliasguard
 from aliasguard._aliasing import _wrap_bound
@@ -38,12 +39,12 @@ from aliasguard._aliasing import _wrap_bound
 aten = torch.ops.aten
 
 
-def unwrap_pair(cls, args, kwargs, which):
-    return tree_map_only(cls, lambda t: getattr(t, which), args), tree_map_only(cls, lambda t: getattr(t, which), kwargs)
-
-
 class Pair(torch.Tensor):
-    """Wrapper subclass with two inner tensors, like an fp8 (data, scale) pair."""
+    """Wrapper subclass with two inner tensors, like an fp8 (data, scale) pair.
+
+    Its dispatch is kept lean (no pytree) so that the per-op times, and their
+    noise, are as small as a real subclass's can be.
+    """
 
     @staticmethod
     def __new__(cls, a, b):
@@ -61,10 +62,8 @@ class Pair(torch.Tensor):
 
 
 def pair_dispatch(cls, func, args, kwargs):
-    args_a, kwargs_a = unwrap_pair(cls, args, kwargs, "a")
-    args_b, kwargs_b = unwrap_pair(cls, args, kwargs, "b")
-    out_a = func(*args_a, **kwargs_a)
-    out_b = func(*args_b, **kwargs_b)
+    out_a = func(*[t.a if isinstance(t, Pair) else t for t in args], **kwargs)
+    out_b = func(*[t.b if isinstance(t, Pair) else t for t in args], **kwargs)
     if isinstance(out_a, torch.Tensor):
         return cls(out_a, out_b)
     return type(out_a)(cls(x, y) for x, y in zip(out_a, out_b))
@@ -106,14 +105,42 @@ def per_call_us(fn: Callable[[], Any], calls: int) -> float:
     return (time.thread_time_ns() - start) / calls / 1e3
 
 
-def interleaved(variants: Dict[str, Callable[[], Any]], rounds: int, calls: int) -> Dict[str, float]:
-    samples: Dict[str, List[float]] = {name: [] for name in variants}
+Samples = Dict[str, List[float]]
+
+
+def interleaved(variants: Dict[str, Callable[[], Any]], rounds: int, calls: int) -> Samples:
+    """Per-call times (µs), one sample per variant per round, variants
+    measured back to back within a round so that each round's samples can be
+    compared pairwise."""
+    samples: Samples = {name: [] for name in variants}
     for fn in variants.values():  # warm-up: caches, allocator
         per_call_us(fn, calls)
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            samples[name].append(per_call_us(fn, calls))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    gc.collect()
+    gc.disable()  # as timeit does: collections would land on whoever allocates
+    try:
+        for round_index in range(rounds):
+            for name in rotated(list(variants), round_index):
+                samples[name].append(per_call_us(variants[name], calls))
+    finally:
+        gc.enable()
+    return samples
+
+
+def rotated(names: List[str], round_index: int) -> List[str]:
+    """Each round starts with the next variant: no variant always runs first
+    (or right after the same neighbour), which would bias paired differences."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def median(values: List[float]) -> float:
+    return statistics.median(values)
+
+
+def added(samples: Samples, name: str, base: str = "none") -> float:
+    """Median over rounds of the paired difference to the baseline: far less
+    sensitive to load drifting between rounds than a difference of medians."""
+    return median([a - b for a, b in zip(samples[name], samples[base])])
 
 
 def make(cls, *shape):
@@ -121,50 +148,63 @@ def make(cls, *shape):
     return cls(a, a.clone())
 
 
-def end_to_end(rounds: int) -> Dict[str, Dict[str, float]]:
+def end_to_end(rounds: int) -> Dict[str, Samples]:
     results = {}
     for op_name, run in (("view", lambda x, y: x.view(16, 4)), ("add", lambda x, y: x + y)):
         variants = {}
         for label, cls in (("none", BarePair), ("aliasguard", AutoPair), ("upstream", UpstreamPair)):
             x, y = make(cls, 8, 8), make(cls, 8, 8)
             variants[label] = (lambda run=run, x=x, y=y: run(x, y))
-        results[op_name] = interleaved(variants, rounds, calls=300)
+        results[op_name] = interleaved(variants, rounds, calls=500)
     return results
 
 
-def correction_alone(rounds: int) -> Dict[str, Dict[str, float]]:
-    """The correction by itself: a dispatch body that returns a prepared output."""
+def correction_alone(rounds: int) -> Dict[str, Samples]:
+    """The correction by itself. A dispatch body that hands out prepared
+    output wrappers (fresh ones, built just before each small timed batch, so
+    they are uncorrected and still in cache, as a real dispatch's output is) is
+    called bare, through aliasguard's wrapper, or followed by upstream's
+    helper; the difference to bare is what correcting costs."""
     results = {}
     x, y = make(Pair, 8, 8), make(Pair, 8, 8)
-    calls = 2000
-    for op_name, func, args, make_out in (
-        ("view", aten.view.default, (x, [16, 4]), lambda: Pair(x.a.view(16, 4), x.b.view(16, 4))),
-        ("add", aten.add.Tensor, (x, y), lambda: Pair(x.a + y.a, x.b + y.b)),
+    batch, batches = 200, 5
+    for op_name, func, args, inner in (
+        ("view", aten.view.default, (x, [16, 4]), (x.a.view(16, 4), x.b.view(16, 4))),
+        ("add", aten.add.Tensor, (x, y), (x.a + y.a, x.b + y.b)),
     ):
-        # Fresh, uncorrected outputs for every call (a view's storage is
-        # swapped on first correction); the same pool order for each variant.
-        pool_size = calls * (rounds + 1) + 10
-        pools = {label: iter([make_out() for _ in range(pool_size)]) for label in ("none", "aliasguard", "upstream")}
+        outputs: List[Iterator[Pair]] = [iter(())]
 
-        def body(cls, func, types, args, kwargs, pool: Iterator = None):
-            return next(pool)
+        def body(cls, func, types, args, kwargs):
+            return next(outputs[0])
 
-        def bare(pool=pools["none"]):
-            return body(Pair, func, (), args, {}, pool)
-
-        wrapped_body = _wrap_bound(lambda cls, func, types, args, kwargs, pool=pools["aliasguard"]: next(pool))
-
-        def auto():
-            return wrapped_body(Pair, func, (), args, {})
-
-        def upstream(pool=pools["upstream"]):
-            return return_and_correct_aliasing(func, args, {}, body(Pair, func, (), args, {}, pool))
-
-        results[op_name] = interleaved({"none": bare, "aliasguard": auto, "upstream": upstream}, rounds, calls)
+        wrapped = _wrap_bound(body)
+        calls = {
+            "none": lambda func=func, args=args: body(Pair, func, (), args, {}),
+            "aliasguard": lambda func=func, args=args: wrapped(Pair, func, (), args, {}),
+            "upstream": lambda func=func, args=args: return_and_correct_aliasing(
+                func, args, {}, body(Pair, func, (), args, {})
+            ),
+        }
+        samples: Samples = {name: [] for name in calls}
+        gc.collect()
+        gc.disable()
+        try:
+            for round_index in range(rounds + 1):
+                for name in rotated(list(calls), round_index):
+                    call = calls[name]
+                    elapsed = 0.0
+                    for _ in range(batches):
+                        outputs[0] = iter([Pair(*inner) for _ in range(batch)])
+                        elapsed += per_call_us(call, batch) / batches
+                    if round_index:  # the first round warms up
+                        samples[name].append(elapsed)
+        finally:
+            gc.enable()
+        results[op_name] = samples
     return results
 
 
-def model_step(rounds: int) -> Dict[str, float]:
+def model_step(rounds: int) -> Samples:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
@@ -202,27 +242,26 @@ def main() -> None:
     alone = correction_alone(rounds)
     model = model_step(max(5, rounds // 3))
 
-    print(f"torch {torch.__version__}, {rounds} interleaved rounds, medians, thread CPU time\n")
+    print(f"torch {torch.__version__}, {rounds} interleaved rounds; medians of per-call thread CPU time,")
+    print("added = median over rounds of the paired difference to no correction\n")
     print("| measurement | no correction | aliasguard (added) | upstream helper (added) | upstream added / aliasguard added |")
     print("|---|---|---|---|---|")
     for label, table in (("per op, wrapper subclass", e2e), ("correction alone", alone)):
         for op_name in ("view", "add"):
             r = table[op_name]
-            added_ag = r["aliasguard"] - r["none"]
-            added_up = r["upstream"] - r["none"]
+            added_ag, added_up = added(r, "aliasguard"), added(r, "upstream")
             print(
-                f"| {label}: `{op_name}` | {r['none']:.2f} µs | {r['aliasguard']:.2f} µs ({added_ag:+.2f}) "
-                f"| {r['upstream']:.2f} µs ({added_up:+.2f}) | {ratio(added_up, added_ag)} |"
+                f"| {label}: `{op_name}` | {median(r['none']):.2f} µs | {median(r['aliasguard']):.2f} µs "
+                f"({added_ag:+.2f}) | {median(r['upstream']):.2f} µs ({added_up:+.2f}) | {ratio(added_up, added_ag)} |"
             )
     print()
     print("| MLP forward+backward | time | added | added vs audit |")
     print("|---|---|---|---|")
-    base = model["none"]
-    audit_added = model["audit"] - base
+    audit_added = added(model, "audit")
     for name in ("none", "audit", "SchemaCheckMode"):
-        added = model[name] - base
-        vs = "" if name == "none" else ratio(added, audit_added)
-        print(f"| {name} | {model[name] / 1e3:.3f} ms | {added / 1e3:+.3f} ms | {vs} |")
+        extra = added(model, name) if name != "none" else 0.0
+        vs = "" if name == "none" else ratio(extra, audit_added)
+        print(f"| {name} | {median(model[name]) / 1e3:.3f} ms | {extra / 1e3:+.3f} ms | {vs} |")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,6 @@
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
-#include <torch/csrc/autograd/mark_as_view.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <optional>
@@ -53,13 +51,24 @@ AliasingError::AliasingError(
     std::string op,
     size_t return_index,
     std::string argument,
-    const std::string& problem)
-    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, problem),
+    const std::string& message)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message),
       op_(std::move(op)),
       return_index_(return_index),
       argument_(std::move(argument)) {}
 
 AliasingError::~AliasingError() = default;
+
+} // namespace torch::utils
+
+namespace torch::autograd {
+// Defined in torch/csrc/autograd/mark_as_view.cpp. That header pulls in all of
+// autograd's variable.h, which would double this file's compile time for one
+// function; a changed signature fails to link, so nothing can drift silently.
+bool has_placeholder_storage(const at::Tensor& tensor);
+} // namespace torch::autograd
+
+namespace torch::utils {
 
 std::string OpValueRef::describe() const {
   switch (kind_) {
@@ -205,26 +214,30 @@ struct Plan {
   c10::SmallVector<Restride, 1> restrides;
 };
 
-void plan_view_output(
+// What making `output` a proper view of `input` takes, if anything.
+std::optional<ViewFix> plan_view_output(
     const Site& site,
     const at::Tensor& input,
     const at::Tensor& output,
-    c10::ArrayRef<OpValueRef> args,
-    Plan& plan) {
+    c10::ArrayRef<OpValueRef> args) {
   if (output.is_same(input)) {
-    return;
+    return std::nullopt;
   }
   check_not_other_argument(site, output, args);
   bool alias_storage = false;
-  if (has_placeholder_storage(output)) {
-    if (!input.has_storage()) {
+  const bool input_has_storage = input.has_storage();
+  const bool output_is_placeholder = has_placeholder_storage(output);
+  const bool same_storage = input_has_storage && output.has_storage() &&
+      storage_of(output).is_alias_of(storage_of(input));
+  if (output_is_placeholder) {
+    if (!input_has_storage) {
       fail(
           site,
           "is a wrapper tensor with placeholder storage, but " + named(site) +
               " (layout " + c10::str(input.layout()) +
               ") has no storage it could share");
     }
-    if (!storages_alias(output, input)) {
+    if (!same_storage) {
       const c10::Device from = storage_of(output).device();
       const c10::Device to = storage_of(input).device();
       if (from != to) {
@@ -237,7 +250,7 @@ void plan_view_output(
       alias_storage = true;
     }
   } else if (has_real_storage(output) && has_real_storage(input)) {
-    if (!storages_alias(output, input)) {
+    if (!same_storage) {
       fail(
           site,
           "should be a view of " + named(site) +
@@ -246,12 +259,22 @@ void plan_view_output(
     }
   }
   const bool share = needs_shared_version_counter(input, output);
-  if (alias_storage || share) {
-    plan.view_fixes.push_back(
-        {output.unsafeGetTensorImpl(),
-         input.unsafeGetTensorImpl(),
-         alias_storage,
-         share});
+  if (!alias_storage && !share) {
+    return std::nullopt;
+  }
+  return ViewFix{
+      output.unsafeGetTensorImpl(),
+      input.unsafeGetTensorImpl(),
+      alias_storage,
+      share};
+}
+
+void apply(const ViewFix& fix) {
+  if (fix.alias_storage) {
+    fix.output->set_storage_keep_dtype(fix.input->unsafe_storage());
+  }
+  if (fix.share_version_counter) {
+    c10::share_version_counter(*fix.output, *fix.input);
   }
 }
 
@@ -320,7 +343,10 @@ void plan_view_return(
     if (!value.is_tensor()) {
       fail(site, "is " + value.describe() + ", but the schema returns a Tensor");
     }
-    plan_view_output(site, tensor_argument(site, args), value.tensor(), args, plan);
+    if (auto fix = plan_view_output(
+            site, tensor_argument(site, args), value.tensor(), args)) {
+      plan.view_fixes.push_back(*fix);
+    }
     return;
   }
   if (!value.is_list()) {
@@ -332,7 +358,10 @@ void plan_view_return(
   const auto elements = value.elements();
   for (size_t k = 0; k < elements.size(); ++k) {
     if (elements[k] != nullptr && elements[k]->defined()) {
-      plan_view_output(site.with_element(k), input, *elements[k], args, plan);
+      if (auto fix =
+              plan_view_output(site.with_element(k), input, *elements[k], args)) {
+        plan.view_fixes.push_back(*fix);
+      }
     }
   }
 }
@@ -409,12 +438,7 @@ void apply(const Plan& plan) {
         restride.sizes, restride.strides, restride.storage_offset);
   }
   for (const ViewFix& fix : plan.view_fixes) {
-    if (fix.alias_storage) {
-      fix.output->set_storage_keep_dtype(fix.input->unsafe_storage());
-    }
-    if (fix.share_version_counter) {
-      c10::share_version_counter(*fix.output, *fix.input);
-    }
+    apply(fix);
   }
 }
 
@@ -518,6 +542,28 @@ void correct_aliasing_borrowed(
     }
   }
   apply(plan);
+}
+
+void correct_view_return(
+    const SchemaAliasAnalysis& analysis,
+    size_t return_index,
+    const at::Tensor& input,
+    const at::Tensor& output) {
+  const ReturnAlias& alias = analysis.returns().at(return_index);
+  TORCH_CHECK(
+      alias.kind == ReturnAliasKind::kView && !alias.is_list &&
+          analysis.sole_tensor_argument() == alias.argument,
+      analysis.op_name(),
+      ": correct_view_return() needs a tensor view return of the op's only "
+      "tensor argument");
+  if (!output.defined()) {
+    return;
+  }
+  // No other tensor argument exists, so none can be the output.
+  if (auto fix = plan_view_output(
+          Site{analysis, return_index, alias.argument}, input, output, {})) {
+    apply(*fix);
+  }
 }
 
 void correct_aliasing(
@@ -804,8 +850,18 @@ void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
   audit_error_reporter.store(reporter);
 }
 
-TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&audit_fallback>());
-}
+namespace {
+
+// Registered when the library loads and never removed, like a
+// TORCH_LIBRARY_IMPL fallback (registered directly: torch/library.h is heavy).
+const bool audit_fallback_registered = [] {
+  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().registerFallback(
+      kAuditKey,
+      c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
+      "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
+  return true;
+}();
+
+} // namespace
 
 } // namespace torch::utils

@@ -124,6 +124,15 @@ void correct_aliasing_borrowed(
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets);
 
+// The same for one view return (`return_index`, not a list) of an op whose
+// only tensor argument is `input` (analysis.sole_tensor_argument()): the
+// common case, without building argument lists.
+void correct_view_return(
+    const SchemaAliasAnalysis& analysis,
+    size_t return_index,
+    const at::Tensor& input,
+    const at::Tensor& output);
+
 // Boxed form, for C++ callers holding a stack: same, and write returns in
 // `rets` are replaced by their arguments.
 void correct_aliasing(

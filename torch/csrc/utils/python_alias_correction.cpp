@@ -1,7 +1,7 @@
-// Python face of alias correction and the alias audit. The functions called
-// once per __torch_dispatch__ (_fixup, _correct_aliasing) are plain CPython
-// FASTCALL functions: pybind11's argument handling alone would cost more than
-// the whole correction of an op without alias annotations.
+// Python face of alias correction and the alias audit. What runs once per
+// __torch_dispatch__ (the _CorrectedDispatch wrapper, _correct_aliasing) is
+// plain CPython vectorcall code: pybind11's argument handling alone would
+// cost more than the whole correction of an op without alias annotations.
 
 #include <torch/csrc/utils/python_alias_correction.h>
 
@@ -11,7 +11,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/alias_correction.h>
 
+#include <structmember.h>
+
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -25,22 +28,34 @@ namespace {
 
 PyObject* aliasing_error_type = nullptr; // aliasguard.AliasingError
 PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
+PyObject* empty_tuple = nullptr; // the default of a dispatch's `args`
 std::atomic<bool> correction_enabled{true};
 
 // Raises aliasguard.AliasingError (a RuntimeError) carrying the op, the
-// return index and the argument as attributes.
+// return index and the argument as attributes. Never throws: it runs in
+// exception handlers.
 void set_python_aliasing_error(const AliasingError& error) {
-  py::object instance = py::reinterpret_steal<py::object>(PyObject_CallFunction(
-      aliasing_error_type, "s", error.what_without_backtrace()));
-  if (!instance) {
+  PyObject* instance = PyObject_CallFunction(
+      aliasing_error_type, "s", error.what_without_backtrace());
+  if (instance == nullptr) {
     return; // the failed call set its own error
   }
-  instance.attr("op") = error.op();
-  instance.attr("return_index") = error.return_index();
-  instance.attr("argument") =
-      error.argument().empty() ? py::object(py::none())
-                               : py::object(py::str(error.argument()));
-  PyErr_SetObject(aliasing_error_type, instance.ptr());
+  PyObject* op = PyUnicode_FromString(error.op().c_str());
+  PyObject* return_index = PyLong_FromSize_t(error.return_index());
+  PyObject* argument = error.argument().empty()
+      ? Py_NewRef(Py_None)
+      : PyUnicode_FromString(error.argument().c_str());
+  const bool ok = op != nullptr && return_index != nullptr &&
+      argument != nullptr && PyObject_SetAttrString(instance, "op", op) == 0 &&
+      PyObject_SetAttrString(instance, "return_index", return_index) == 0 &&
+      PyObject_SetAttrString(instance, "argument", argument) == 0;
+  Py_XDECREF(op);
+  Py_XDECREF(return_index);
+  Py_XDECREF(argument);
+  if (ok) {
+    PyErr_SetObject(aliasing_error_type, instance);
+  }
+  Py_DECREF(instance);
 }
 
 // The audit throws from inside the dispatcher, usually under one of torch's
@@ -70,21 +85,40 @@ struct PyOpEntry {
   // nullptr: not a dispatcher operator (a higher-order op, say).
   std::shared_ptr<const SchemaAliasAnalysis> analysis;
   std::vector<py::object> argument_names;
+  // Set for ops whose one return is a view of their only tensor argument,
+  // passed positionally at this index: the fast path of correct_result.
+  std::optional<size_t> sole_view_argument;
 };
 
-// Handed out by value: a correction can run Python code (a wrapper's custom
-// sizes) that could flush the cache under our feet.
-using PyOpEntryPtr = std::shared_ptr<const PyOpEntry>;
-
+// A correction can run Python code (a wrapper's Python-customized sizes)
+// that may flush the cache while an entry is in use; flushed entries are
+// kept until no correction is running.
 struct PyOpCache {
-  std::unordered_map<PyObject*, PyOpEntryPtr> entries;
+  std::unordered_map<PyObject*, std::unique_ptr<const PyOpEntry>> entries;
+  std::vector<std::unique_ptr<const PyOpEntry>> retired;
   uint64_t generation = 0;
+  int running = 0; // corrections in progress, re-entrant through Python
 };
 
 PyOpCache& py_op_cache() {
   static auto* cache = new PyOpCache();
   return *cache;
 }
+
+// Marks a correction in progress; see PyOpCache.
+struct RunningCorrection {
+  RunningCorrection() {
+    ++py_op_cache().running;
+  }
+  ~RunningCorrection() {
+    PyOpCache& cache = py_op_cache();
+    if (--cache.running == 0 && !cache.retired.empty()) {
+      cache.retired.clear();
+    }
+  }
+  RunningCorrection(const RunningCorrection&) = delete;
+  RunningCorrection& operator=(const RunningCorrection&) = delete;
+};
 
 std::shared_ptr<const SchemaAliasAnalysis> analysis_of_op_overload(
     PyObject* func) {
@@ -107,18 +141,25 @@ std::shared_ptr<const SchemaAliasAnalysis> analysis_of_op_overload(
       name.cast<std::string>(), overload.cast<std::string>()));
 }
 
-PyOpEntryPtr op_entry(PyObject* func) {
+// Valid until the end of the outermost RunningCorrection.
+const PyOpEntry& op_entry(PyObject* func) {
   PyOpCache& cache = py_op_cache();
   const uint64_t generation = schema_alias_analysis_generation();
   if (cache.generation != generation) {
+    for (auto& [key, entry] : cache.entries) {
+      cache.retired.push_back(std::move(entry));
+    }
     cache.entries.clear();
     cache.generation = generation;
+    if (cache.running == 0) {
+      cache.retired.clear();
+    }
   }
   auto it = cache.entries.find(func);
   if (it != cache.entries.end()) {
-    return it->second;
+    return *it->second;
   }
-  auto entry = std::make_shared<PyOpEntry>();
+  auto entry = std::make_unique<PyOpEntry>();
   entry->func = py::reinterpret_borrow<py::object>(func);
   entry->analysis = analysis_of_op_overload(func);
   if (entry->analysis) {
@@ -131,8 +172,15 @@ PyOpEntryPtr op_entry(PyObject* func) {
       PyUnicode_InternInPlace(&name);
       entry->argument_names.push_back(py::reinterpret_steal<py::object>(name));
     }
+    const auto& returns = entry->analysis->returns();
+    const auto sole = entry->analysis->sole_tensor_argument();
+    if (returns.size() == 1 && returns[0].kind == ReturnAliasKind::kView &&
+        !returns[0].is_list && sole == returns[0].argument &&
+        !entry->analysis->argument_is_kwarg_only(*sole)) {
+      entry->sole_view_argument = sole;
+    }
   }
-  return cache.entries.insert_or_assign(func, std::move(entry)).first->second;
+  return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
 }
 
 bool opted_out(PyObject* owner) {
@@ -140,7 +188,15 @@ bool opted_out(PyObject* owner) {
       ? reinterpret_cast<PyTypeObject*>(owner)
       : Py_TYPE(owner);
   PyObject* flag = _PyType_Lookup(type, opt_out_attribute); // borrowed
-  return flag != nullptr && PyObject_Not(flag) == 1;
+  if (flag == nullptr || flag == Py_True) {
+    return false;
+  }
+  const int is_false = PyObject_Not(flag);
+  if (is_false < 0) {
+    PyErr_Clear(); // an unusable flag: keep correcting
+    return false;
+  }
+  return is_false == 1;
 }
 
 // The Python object passed for schema argument `index`, or nullptr.
@@ -181,31 +237,35 @@ class BorrowedObjects {
     if (obj == nullptr || obj == Py_None) {
       return OpValueRef();
     }
-    if (is_tensor_object(obj)) {
+    if (PyList_Check(obj) || PyTuple_Check(obj)) {
+      return borrow_sequence(obj);
+    }
+    if (!PyLong_Check(obj) && is_tensor_object(obj)) { // ints are common
       return OpValueRef(THPVariable_Unpack(obj));
     }
-    if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
-      return OpValueRef::other(Py_TYPE(obj)->tp_name);
-    }
+    return OpValueRef::other(Py_TYPE(obj)->tp_name);
+  }
+
+ private:
+  OpValueRef borrow_sequence(PyObject* obj) {
     const Py_ssize_t size = PySequence_Fast_GET_SIZE(obj);
     std::vector<const at::Tensor*> tensors;
     for (Py_ssize_t i = 0; i < size; ++i) {
       PyObject* item = PySequence_Fast_GET_ITEM(obj, i);
-      if (is_tensor_object(item)) {
-        tensors.reserve(size);
-        tensors.push_back(&THPVariable_Unpack(item));
-      } else if (item == Py_None) {
-        tensors.push_back(nullptr);
-      } else {
+      const bool is_none = item == Py_None;
+      if (!is_none && (PyLong_Check(item) || !is_tensor_object(item))) {
         return OpValueRef::other(Py_TYPE(obj)->tp_name); // e.g. a size list
       }
+      if (tensors.empty()) {
+        tensors.reserve(size); // only now: most lists are sizes
+      }
+      tensors.push_back(is_none ? nullptr : &THPVariable_Unpack(item));
     }
     // Moving the vector keeps its buffer, which the ref points into.
     lists_.push_back(std::move(tensors));
     return OpValueRef::list(lists_.back());
   }
 
- private:
   std::vector<std::vector<const at::Tensor*>> lists_;
 };
 
@@ -296,7 +356,36 @@ PyObject* correct_result(
       PyTuple_SET_ITEM(result, i, item);
     }
   }
+  if (!as_list && !PyTuple_CheckExact(out)) {
+    // Keep a torch.return_types structseq what it was, when it can be
+    // rebuilt from a sequence; a plain tuple serves the dispatcher as well.
+    PyObject* typed =
+        PyObject_CallOneArg(reinterpret_cast<PyObject*>(Py_TYPE(out)), result);
+    if (typed != nullptr) {
+      Py_DECREF(result);
+      return typed;
+    }
+    PyErr_Clear();
+  }
   return result;
+}
+
+// The fast path for the most common aliasing op: one view return of the only
+// tensor argument (view, t, transpose, select, slice, expand, ...). Returns
+// false, having done nothing, when the values are not the plain case (the
+// general path then handles them, errors included).
+bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
+  const size_t index = *entry.sole_view_argument;
+  if (static_cast<Py_ssize_t>(index) >= PySequence_Fast_GET_SIZE(args)) {
+    return false;
+  }
+  PyObject* input = PySequence_Fast_GET_ITEM(args, index);
+  if (!is_tensor_object(input) || !is_tensor_object(out)) {
+    return false;
+  }
+  correct_view_return(
+      *entry.analysis, 0, THPVariable_Unpack(input), THPVariable_Unpack(out));
+  return true;
 }
 
 void check_args_kwargs(PyObject* args, PyObject* kwargs) {
@@ -311,55 +400,243 @@ void check_args_kwargs(PyObject* args, PyObject* kwargs) {
   }
 }
 
-// Every exception leaves as a Python exception; AliasingError as ours.
+// Every exception leaves as a Python exception, AliasingError as ours.
+// (torch's HANDLE_TH_ERRORS would also buffer warnings, which costs a few
+// thread-local round trips per call on the hot path and is not needed here.)
 template <typename Body>
 PyObject* translate_errors(Body&& body) {
-  HANDLE_TH_ERRORS
   try {
     return body();
   } catch (const AliasingError& error) {
     set_python_aliasing_error(error);
-    return nullptr;
+  } catch (python_error& error) {
+    error.restore();
   } catch (py::error_already_set& error) {
     error.restore();
-    return nullptr;
   } catch (const py::builtin_exception& error) {
     error.set_error();
-    return nullptr;
+  } catch (torch::PyTorchError& error) {
+    PyErr_SetString(error.python_type(), error.what());
+  } catch (const c10::TypeError& error) {
+    PyErr_SetString(PyExc_TypeError, error.what_without_backtrace());
+  } catch (const c10::ValueError& error) {
+    PyErr_SetString(PyExc_ValueError, error.what_without_backtrace());
+  } catch (const c10::IndexError& error) {
+    PyErr_SetString(PyExc_IndexError, error.what_without_backtrace());
+  } catch (const c10::NotImplementedError& error) {
+    PyErr_SetString(PyExc_NotImplementedError, error.what_without_backtrace());
+  } catch (const c10::Error& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
   }
-  END_HANDLE_TH_ERRORS
+  return nullptr;
 }
 
-// _fixup(owner, func, args, kwargs, out): what every wrapped
-// __torch_dispatch__ returns. `owner` is the class or mode instance whose
-// __torch_dispatch__ ran (for the per-class opt-out).
-PyObject* fixup(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 5) {
-    PyErr_Format(
-        PyExc_TypeError,
-        "_fixup() takes 5 arguments (owner, func, args, kwargs, out), got %zd",
-        argc);
-    return nullptr;
-  }
-  PyObject* out = argv[4];
+// What a corrected __torch_dispatch__ returns in place of `out` (borrowed),
+// the result of `func(*args, **kwargs)` from the __torch_dispatch__ of
+// `owner` (a class or mode instance: the per-class opt-out is read on it).
+// New reference; nullptr with an exception set.
+PyObject* corrected_result(
+    PyObject* owner,
+    PyObject* func,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out) {
   if (out == Py_NotImplemented) {
     return Py_NewRef(out); // the dispatcher will ask someone else
   }
   const bool audit = is_alias_audit_enabled();
   const bool correct = correction_enabled.load(std::memory_order_relaxed) &&
-      !opted_out(argv[0]);
+      !opted_out(owner);
   if (!correct && !audit) {
     return Py_NewRef(out);
   }
   return translate_errors([&]() -> PyObject* {
-    const PyOpEntryPtr entry = op_entry(argv[1]);
-    if (!entry->analysis ||
-        (!audit && !entry->analysis->has_aliasing_returns())) {
+    const RunningCorrection running;
+    const PyOpEntry& entry = op_entry(func);
+    if (!entry.analysis ||
+        (!audit && !entry.analysis->has_aliasing_returns())) {
       return Py_NewRef(out);
     }
-    check_args_kwargs(argv[2], argv[3]);
-    return correct_result(*entry, argv[2], argv[3], out, correct, audit);
+    check_args_kwargs(args, kwargs);
+    if (correct && !audit && entry.sole_view_argument.has_value() &&
+        correct_sole_view(entry, args, out)) {
+      return Py_NewRef(out);
+    }
+    return correct_result(entry, args, kwargs, out, correct, audit);
   });
+}
+
+// Note [The corrected __torch_dispatch__ wrapper]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What replaces a class's __torch_dispatch__: calls the original, then
+// corrects its result. A C type rather than a Python closure, because a
+// Python frame alone costs about as much as correcting a view. It binds like
+// a function (so it works as a plain method of a mode, and inside
+// classmethod), and has a __dict__ for __wrapped__, __name__ and friends. The
+// original is called with exactly the arguments received; the owner, func,
+// args and kwargs for the correction are read from them by position or by
+// their conventional names. `owner` is set for the staticmethod form, which
+// receives no class.
+struct CorrectedDispatch {
+  PyObject_HEAD
+  PyObject* fn;
+  PyObject* owner; // nullptr: the first argument is the owner
+  PyObject* dict;
+  vectorcallfunc vectorcall;
+};
+
+PyTypeObject CorrectedDispatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// Argument `position` (counting the owner when it is passed), or the keyword
+// `name`, or nullptr.
+PyObject* call_argument(
+    PyObject* const* argv,
+    Py_ssize_t nargs,
+    PyObject* kwnames,
+    Py_ssize_t position,
+    const char* name) {
+  if (position < nargs) {
+    return argv[position];
+  }
+  if (kwnames != nullptr) {
+    const Py_ssize_t count = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), name) == 0) {
+        return argv[nargs + i];
+      }
+    }
+  }
+  return nullptr;
+}
+
+PyObject* corrected_dispatch_call(
+    PyObject* callable,
+    PyObject* const* argv,
+    size_t nargsf,
+    PyObject* kwnames) {
+  auto* self = reinterpret_cast<CorrectedDispatch*>(callable);
+  PyObject* out = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
+  if (out == nullptr) {
+    return nullptr;
+  }
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  const Py_ssize_t shift = self->owner != nullptr ? 0 : 1;
+  PyObject* owner = self->owner;
+  if (owner == nullptr) {
+    owner = nargs > 0 ? argv[0] : Py_None;
+  }
+  PyObject* func = call_argument(argv, nargs, kwnames, shift, "func");
+  PyObject* args = call_argument(argv, nargs, kwnames, shift + 2, "args");
+  PyObject* kwargs = call_argument(argv, nargs, kwnames, shift + 3, "kwargs");
+  PyObject* result = func == nullptr
+      ? Py_NewRef(out)
+      : corrected_result(
+            owner,
+            func,
+            args != nullptr ? args : empty_tuple,
+            kwargs != nullptr ? kwargs : Py_None,
+            out);
+  Py_DECREF(out);
+  return result;
+}
+
+PyObject* corrected_dispatch_new(
+    PyTypeObject* type,
+    PyObject* args,
+    PyObject* kwargs) {
+  static const char* keywords[] = {"fn", "owner", nullptr};
+  PyObject* fn = nullptr;
+  PyObject* owner = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kwargs, "O|O:_CorrectedDispatch", const_cast<char**>(keywords), &fn, &owner)) {
+    return nullptr;
+  }
+  if (!PyCallable_Check(fn)) {
+    PyErr_Format(PyExc_TypeError, "_CorrectedDispatch(): fn must be callable, got %s", Py_TYPE(fn)->tp_name);
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<CorrectedDispatch*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->fn = Py_NewRef(fn);
+  self->owner = owner == nullptr || owner == Py_None ? nullptr : Py_NewRef(owner);
+  self->dict = nullptr;
+  self->vectorcall = corrected_dispatch_call;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+int corrected_dispatch_traverse(PyObject* obj, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<CorrectedDispatch*>(obj);
+  Py_VISIT(self->fn);
+  Py_VISIT(self->owner);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int corrected_dispatch_clear(PyObject* obj) {
+  auto* self = reinterpret_cast<CorrectedDispatch*>(obj);
+  Py_CLEAR(self->fn);
+  Py_CLEAR(self->owner);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+void corrected_dispatch_dealloc(PyObject* obj) {
+  PyObject_GC_UnTrack(obj);
+  corrected_dispatch_clear(obj);
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+// Binds like a function: a method of its instance, itself on the class.
+PyObject* corrected_dispatch_get(PyObject* self, PyObject* obj, PyObject* /*type*/) {
+  if (obj == nullptr || obj == Py_None) {
+    return Py_NewRef(self);
+  }
+  return PyMethod_New(self, obj);
+}
+
+PyObject* corrected_dispatch_repr(PyObject* obj) {
+  auto* self = reinterpret_cast<CorrectedDispatch*>(obj);
+  return PyUnicode_FromFormat("<alias-corrected %R>", self->fn);
+}
+
+PyMemberDef corrected_dispatch_members[] = {
+    {"__aliasguard_wrapped__", T_OBJECT, offsetof(CorrectedDispatch, fn), READONLY,
+     "the __torch_dispatch__ whose results are corrected"},
+    {"__aliasguard_owner__", T_OBJECT, offsetof(CorrectedDispatch, owner), READONLY,
+     "the class of a staticmethod __torch_dispatch__, else None"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyGetSetDef corrected_dispatch_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+void init_corrected_dispatch_type() {
+  PyTypeObject& type = CorrectedDispatchType;
+  type.tp_name = "aliasguard._C._CorrectedDispatch";
+  type.tp_basicsize = sizeof(CorrectedDispatch);
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+      Py_TPFLAGS_METHOD_DESCRIPTOR;
+  type.tp_doc =
+      "_CorrectedDispatch(fn, owner=None): calls fn, then corrects the "
+      "aliasing of its result (see aliasguard.correct_aliasing).";
+  type.tp_new = corrected_dispatch_new;
+  type.tp_dealloc = corrected_dispatch_dealloc;
+  type.tp_traverse = corrected_dispatch_traverse;
+  type.tp_clear = corrected_dispatch_clear;
+  type.tp_call = PyVectorcall_Call;
+  type.tp_vectorcall_offset = offsetof(CorrectedDispatch, vectorcall);
+  type.tp_descr_get = corrected_dispatch_get;
+  type.tp_repr = corrected_dispatch_repr;
+  type.tp_dictoffset = offsetof(CorrectedDispatch, dict);
+  type.tp_members = corrected_dispatch_members;
+  type.tp_getset = corrected_dispatch_getset;
+  if (PyType_Ready(&type) < 0) {
+    throw python_error();
+  }
 }
 
 // _correct_aliasing(func, args, kwargs, out): the explicit call; corrects
@@ -376,8 +653,9 @@ PyObject* explicit_correct_aliasing(
     return nullptr;
   }
   return translate_errors([&]() -> PyObject* {
-    const PyOpEntryPtr entry = op_entry(argv[0]);
-    if (!entry->analysis) {
+    const RunningCorrection running;
+    const PyOpEntry& entry = op_entry(argv[0]);
+    if (!entry.analysis) {
       throw py::type_error(
           std::string("correct_aliasing(): func must be an OpOverload of a "
                       "registered operator (e.g. torch.ops.aten.view.default), "
@@ -385,19 +663,15 @@ PyObject* explicit_correct_aliasing(
           Py_TYPE(argv[0])->tp_name);
     }
     check_args_kwargs(argv[1], argv[2]);
-    if (!entry->analysis->has_aliasing_returns()) {
+    if (!entry.analysis->has_aliasing_returns()) {
       return Py_NewRef(argv[3]);
     }
     return correct_result(
-        *entry, argv[1], argv[2], argv[3], /*correct=*/true, /*audit=*/false);
+        entry, argv[1], argv[2], argv[3], /*correct=*/true, /*audit=*/false);
   });
 }
 
 PyMethodDef hot_methods[] = {
-    {"_fixup",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fixup)),
-     METH_FASTCALL,
-     "_fixup(owner, func, args, kwargs, out) -> out, corrected"},
     {"_correct_aliasing",
      reinterpret_cast<PyCFunction>(
          reinterpret_cast<void (*)()>(explicit_correct_aliasing)),
@@ -453,10 +727,15 @@ void init_alias_correction_bindings(pybind11::module& m) {
   }
   m.add_object("AliasingError", py::handle(aliasing_error_type));
   opt_out_attribute = PyUnicode_InternFromString("__aliasguard_fixup__");
-  if (opt_out_attribute == nullptr ||
+  empty_tuple = PyTuple_New(0);
+  if (opt_out_attribute == nullptr || empty_tuple == nullptr ||
       PyModule_AddFunctions(m.ptr(), hot_methods) != 0) {
     throw python_error();
   }
+  init_corrected_dispatch_type();
+  m.add_object(
+      "_CorrectedDispatch",
+      py::handle(reinterpret_cast<PyObject*>(&CorrectedDispatchType)));
   // Registered after the module's own c10::Error translator, so tried first.
   py::register_local_exception_translator(&translate_aliasing_error);
   set_alias_audit_error_reporter(&throw_python_aliasing_error);

@@ -204,8 +204,20 @@ const char* return_alias_kind_name(ReturnAliasKind kind) {
 SchemaAliasAnalysis::SchemaAliasAnalysis(const c10::FunctionSchema& schema)
     : op_name_(qualified_op_name(schema)), schema_string_(c10::toString(schema)) {
   arguments_.reserve(schema.arguments().size());
-  for (const auto& argument : schema.arguments()) {
+  size_t tensor_arguments = 0;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::Argument& argument = schema.arguments()[i];
     arguments_.push_back({argument.name(), argument.kwarg_only()});
+    const TensorShape shape = tensor_shape_of(argument.type());
+    if (shape != TensorShape::kNone) {
+      ++tensor_arguments;
+      if (shape == TensorShape::kTensor) {
+        sole_tensor_argument_ = i;
+      }
+    }
+  }
+  if (tensor_arguments != 1) {
+    sole_tensor_argument_ = std::nullopt;
   }
   returns_.reserve(schema.returns().size());
   for (const auto& ret : schema.returns()) {

@@ -95,6 +95,12 @@ class SchemaAliasAnalysis {
   bool has_write_returns() const {
     return has_write_returns_;
   }
+  // The index of the op's only tensor argument, when it has exactly one and
+  // no tensor lists (view, t, select, expand, ...): no return can then be
+  // another argument, and callers can skip looking at the rest.
+  std::optional<size_t> sole_tensor_argument() const {
+    return sole_tensor_argument_;
+  }
 
  private:
   struct ArgumentInfo {
@@ -108,6 +114,7 @@ class SchemaAliasAnalysis {
   std::vector<ReturnAlias> returns_;
   bool has_view_returns_ = false;
   bool has_write_returns_ = false;
+  std::optional<size_t> sole_tensor_argument_;
 };
 
 // The analysis of a registered operator, computed on first use and cached
