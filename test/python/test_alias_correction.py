@@ -230,6 +230,16 @@ def test_multi_output_out_overload_returns_each_out():
     assert inner[0] is kwargs["max"] and inner[1] is kwargs["max_values"]
 
 
+def test_write_returns_keep_their_container_type():
+    x, values, indices = pair(2, 3), pair(2), PairTensor(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    kwargs = {"max": values, "max_values": indices}
+    fresh = (pair(2), PairTensor(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)))
+    for out in (torch.return_types.max(fresh), list(fresh)):
+        result = aliasguard.correct_aliasing(aten.max.dim_max, (x, 1), kwargs, out)
+        assert type(result) is type(out)
+        assert result[0] is values and result[1] is indices
+
+
 def test_write_not_corrected_when_disabled():
     x = pair(3)
     aliasguard.set_alias_correction(False)

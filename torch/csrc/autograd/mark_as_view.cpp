@@ -145,12 +145,6 @@ void check_storage(
 
 } // namespace
 
-bool has_placeholder_storage(const at::Tensor& tensor) {
-  const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-  return impl->is_python_dispatch() &&
-      (!impl->has_storage() || impl->unsafe_storage().data() == nullptr);
-}
-
 CreationMeta creation_meta_from_name(std::string_view name) {
   for (const auto& [known, meta] : kCreationMetaNames) {
     if (known == name) {

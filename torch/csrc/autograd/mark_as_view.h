@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/placeholder_storage.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <functional>
@@ -38,9 +39,5 @@ const at::Tensor& mark_as_view(
 // "DEFAULT", "NO_GRAD_MODE", ... -> CreationMeta; ValueError for other names.
 CreationMeta creation_meta_from_name(std::string_view name);
 const char* creation_meta_name(CreationMeta meta);
-
-// The storage placeholder of a wrapper subclass (_make_wrapper_subclass):
-// Python dispatch and no data. Such a tensor can alias anything.
-bool has_placeholder_storage(const at::Tensor& tensor);
 
 } // namespace torch::autograd

@@ -4,6 +4,7 @@
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/placeholder_storage.h>
 
 #include <atomic>
 #include <optional>
@@ -60,13 +61,6 @@ AliasingError::AliasingError(
 AliasingError::~AliasingError() = default;
 
 } // namespace torch::utils
-
-namespace torch::autograd {
-// Defined in torch/csrc/autograd/mark_as_view.cpp. That header pulls in all of
-// autograd's variable.h, which would double this file's compile time for one
-// function; a changed signature fails to link, so nothing can drift silently.
-bool has_placeholder_storage(const at::Tensor& tensor);
-} // namespace torch::autograd
 
 namespace torch::utils {
 

@@ -109,8 +109,9 @@ class OpValueRef {
   const char* type_name_ = nullptr;
 };
 
-// Alias correction of one op's result, on borrowed values. `args` are the op's arguments in
-// schema order (all of them), `rets` its returns. For every view return, a
+// Alias correction of one op's result, on borrowed values. `args` are the
+// op's arguments in schema order (all of them), `rets` its returns. For every
+// view return, a
 // wrapper output with placeholder storage is given its input's storage
 // (sizes, strides and offset kept) and every output shares its input's
 // version counter; a real output that does not alias its input is an error.

@@ -663,7 +663,9 @@ PyObject* explicit_correct_aliasing(
           Py_TYPE(argv[0])->tp_name);
     }
     check_args_kwargs(argv[1], argv[2]);
-    if (!entry.analysis->has_aliasing_returns()) {
+    if (!entry.analysis->has_aliasing_returns() ||
+        (entry.sole_view_argument.has_value() &&
+         correct_sole_view(entry, argv[1], argv[3]))) {
       return Py_NewRef(argv[3]);
     }
     return correct_result(
