@@ -4,6 +4,7 @@
 // cost more than the whole correction of an op without alias annotations.
 
 #include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_c10_errors.h>
 
 #include <ATen/core/operator_name.h>
 #include <c10/util/SmallVector.h>
@@ -417,16 +418,8 @@ PyObject* translate_errors(Body&& body) {
     error.set_error();
   } catch (torch::PyTorchError& error) {
     PyErr_SetString(error.python_type(), error.what());
-  } catch (const c10::TypeError& error) {
-    PyErr_SetString(PyExc_TypeError, error.what_without_backtrace());
-  } catch (const c10::ValueError& error) {
-    PyErr_SetString(PyExc_ValueError, error.what_without_backtrace());
-  } catch (const c10::IndexError& error) {
-    PyErr_SetString(PyExc_IndexError, error.what_without_backtrace());
-  } catch (const c10::NotImplementedError& error) {
-    PyErr_SetString(PyExc_NotImplementedError, error.what_without_backtrace());
   } catch (const c10::Error& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what_without_backtrace());
+    set_python_error_from_c10(error);
   } catch (const std::exception& error) {
     PyErr_SetString(PyExc_RuntimeError, error.what());
   }

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/track_views.h>
 #include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_c10_errors.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -90,16 +91,8 @@ void translate_c10_error(std::exception_ptr error) {
     if (error) {
       std::rethrow_exception(error);
     }
-  } catch (const c10::TypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
-  } catch (const c10::ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-  } catch (const c10::IndexError& e) {
-    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
-  } catch (const c10::NotImplementedError& e) {
-    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    set_python_error_from_c10(e);
   }
 }
 
