@@ -75,8 +75,18 @@ _INFRASTRUCTURE_MODULE_PREFIXES = (
 )
 # Selective checkpointing's recompute mode answers ops, views included, with
 # tensors cached in the forward pass: by design they alias the forward's
-# inputs, not the recomputed ones.
-_INFRASTRUCTURE_CLASSES = frozenset({"torch.utils.checkpoint._CachedTorchDispatchMode"})
+# inputs, not the recomputed ones. Its caching mode is left alone with it: the
+# pair answers a recomputed in-place op with the cached tensor, which
+# autograd's ADInplaceOrView kernel ignores (it returns the argument), and only
+# the cache's version check, tuned to stock's counts inside the caching body,
+# turns that into an error. Tracked counts (issue 9) would turn it into
+# silently wrong gradients; aliasguard.checkpoint recomputes in-place ops.
+_INFRASTRUCTURE_CLASSES = frozenset(
+    {
+        "torch.utils.checkpoint._CachedTorchDispatchMode",
+        "torch.utils.checkpoint._CachingTorchDispatchMode",
+    }
+)
 
 _WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__")
 

@@ -1,8 +1,11 @@
 #pragma once
 
 #include <c10/core/TensorImpl.h>
+#include <c10/util/SmallVector.h>
 
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 // Version-counter helpers that an in-tree patch would add to
 // c10/core/TensorImpl.h. See Note [Version counter identity].
@@ -38,5 +41,31 @@ void share_version_counter(TensorImpl& dst, const TensorImpl& src);
 inline bool has_version_counter(const TensorImpl& impl) {
   return impl.version_counter().enabled();
 }
+
+// Remembers the versions of the counters of some tensors an op writes, then
+// settles them once the code below autograd that ran the op returned. See
+// Note [One bump per write through __torch_dispatch__] for the one user.
+class WrittenVersions {
+ public:
+  // Tensors without a counter (inference tensors) are skipped.
+  void remember(const TensorImpl& impl) {
+    const VariableVersion& counter = impl.version_counter();
+    if (counter.enabled()) {
+      entries_.emplace_back(counter, counter.current_version());
+    }
+  }
+  bool empty() const {
+    return entries_.empty();
+  }
+  // Sets each counter back to its remembered version if it moved forward:
+  // a bump that is coming from above will count the write.
+  void rewind();
+  // Bumps each counter that did not move: no bump is coming from above, and
+  // the write must be counted.
+  void bump_unmoved();
+
+ private:
+  c10::SmallVector<std::pair<VariableVersion, uint32_t>, 2> entries_;
+};
 
 } // namespace c10

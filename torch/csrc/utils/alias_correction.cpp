@@ -5,6 +5,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/placeholder_storage.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <optional>
@@ -47,6 +48,36 @@ namespace torch::utils {
 // real (a nested-tensor wrapper returning views of its values buffer), or
 // when either side has no storage (sparse): those outputs only get the
 // counter, as as_view would give them.
+
+// Note [Views returned from below autograd]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The question left open upstream: what should the ADInplaceOrView kernel of
+// a view op do when the code below it (a __torch_dispatch__ that tracks views,
+// see Note [Tracked __torch_dispatch__ bodies]) already returns a view, with
+// autograd view metadata? Stock's as_view refuses it ("Attempted to make a
+// tensor into a differentiable view, but the tensor already had autograd
+// metadata"). Our answer: the kernel above has the final word, because it
+// alone sees the op as autograd does (grad mode, creation meta, forward AD,
+// the op's own view_fn). So the metadata made below is checked, then dropped,
+// and the kernel marks the tensor afresh:
+//   * a view whose version counter is its input's is a view of the input's
+//     alias group; dropping its metadata keeps storage, geometry and counter,
+//     and the kernel makes it a view of the input again, with the same _base.
+//     It is the same tensor object, so a body that kept the view it returned
+//     (a cache) holds the marked view, not a stale twin;
+//   * a view whose counter is another tensor's is a view of something other
+//     than the op's input: no marking can make it both, so it is an
+//     AliasingError, raised before anything changed (before correction drops
+//     or shares anything);
+//   * a wrapper output (placeholder storage) built in a tracked body may
+//     require grad only because its inner tensors are now real views of inner
+//     tensors that require grad (TwoTensor copies requires_grad from them).
+//     A leaf flag and nothing else (no grad, grad_fn or hook) is dropped: the
+//     kernel derives requires_grad from the input, as stock does where the
+//     inner views were plain aliases.
+// Tensors with placeholder storage as input carry their aliasing in their
+// inner tensors, so a real view of some inner buffer (a nested tensor's
+// unbind) cannot be checked against them and is only re-marked.
 
 AliasingError::AliasingError(
     std::string op,
@@ -194,7 +225,51 @@ struct ViewFix {
   const c10::TensorImpl* input;
   bool alias_storage;
   bool share_version_counter;
+  bool drop_autograd_meta;
 };
+
+// A leaf's requires_grad flag and nothing else worth keeping.
+bool is_bare_requires_grad_leaf(const torch::autograd::AutogradMeta& meta) {
+  return !meta.is_view_ && meta.requires_grad_ && !meta.grad_fn_ &&
+      !meta.grad_.defined() && meta.hooks_.empty() &&
+      meta.cpp_hooks_list_ == nullptr && meta.post_acc_grad_hooks_ == nullptr;
+}
+
+// Whether `output`'s autograd metadata must go before the outer
+// ADInplaceOrView kernel marks it; throws when it is a view of some other
+// tensor. See Note [Views returned from below autograd].
+bool plan_drop_autograd_meta(
+    const Site& site,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    const CorrectionOptions& options) {
+  if (!options.outer_kernel_marks_views) {
+    return false;
+  }
+  c10::AutogradMetaInterface* interface =
+      output.unsafeGetTensorImpl()->autograd_meta();
+  if (interface == nullptr) {
+    return false;
+  }
+  // Every AutogradMetaInterface libtorch creates is an AutogradMeta.
+  const auto& meta = static_cast<const torch::autograd::AutogradMeta&>(*interface);
+  if (!meta.is_view_) {
+    return options.tracked && has_placeholder_storage(output) &&
+        is_bare_requires_grad_leaf(meta);
+  }
+  const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
+  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
+  if (!has_placeholder_storage(input) && c10::has_version_counter(in) &&
+      c10::has_version_counter(out) && !c10::shares_version_counter(in, out)) {
+    fail(
+        site,
+        "is a view of another tensor, not of " + named(site) +
+            ": it carries autograd view metadata and that tensor's version "
+            "counter (did __torch_dispatch__ return a view of something other "
+            "than the op's input?)");
+  }
+  return true;
+}
 
 struct Restride {
   c10::TensorImpl* argument;
@@ -213,11 +288,14 @@ std::optional<ViewFix> plan_view_output(
     const Site& site,
     const at::Tensor& input,
     const at::Tensor& output,
-    c10::ArrayRef<OpValueRef> args) {
+    c10::ArrayRef<OpValueRef> args,
+    const CorrectionOptions& options) {
   if (output.is_same(input)) {
     return std::nullopt;
   }
   check_not_other_argument(site, output, args);
+  const bool drop_autograd_meta =
+      plan_drop_autograd_meta(site, input, output, options);
   bool alias_storage = false;
   const bool input_has_storage = input.has_storage();
   const bool output_is_placeholder = has_placeholder_storage(output);
@@ -253,14 +331,15 @@ std::optional<ViewFix> plan_view_output(
     }
   }
   const bool share = needs_shared_version_counter(input, output);
-  if (!alias_storage && !share) {
+  if (!alias_storage && !share && !drop_autograd_meta) {
     return std::nullopt;
   }
   return ViewFix{
       output.unsafeGetTensorImpl(),
       input.unsafeGetTensorImpl(),
       alias_storage,
-      share};
+      share,
+      drop_autograd_meta};
 }
 
 void apply(const ViewFix& fix) {
@@ -269,6 +348,9 @@ void apply(const ViewFix& fix) {
   }
   if (fix.share_version_counter) {
     c10::share_version_counter(*fix.output, *fix.input);
+  }
+  if (fix.drop_autograd_meta) {
+    fix.output->set_autograd_meta(nullptr);
   }
 }
 
@@ -329,6 +411,7 @@ void plan_view_return(
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool is_list,
+    const CorrectionOptions& options,
     Plan& plan) {
   if (!is_list) {
     if (value.is_none()) {
@@ -338,7 +421,7 @@ void plan_view_return(
       fail(site, "is " + value.describe() + ", but the schema returns a Tensor");
     }
     if (auto fix = plan_view_output(
-            site, tensor_argument(site, args), value.tensor(), args)) {
+            site, tensor_argument(site, args), value.tensor(), args, options)) {
       plan.view_fixes.push_back(*fix);
     }
     return;
@@ -353,7 +436,8 @@ void plan_view_return(
   for (size_t k = 0; k < elements.size(); ++k) {
     if (elements[k] != nullptr && elements[k]->defined()) {
       if (auto fix =
-              plan_view_output(site.with_element(k), input, *elements[k], args)) {
+              plan_view_output(
+                  site.with_element(k), input, *elements[k], args, options)) {
         plan.view_fixes.push_back(*fix);
       }
     }
@@ -519,7 +603,8 @@ void throw_aliasing_error(
 void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
-    c10::ArrayRef<OpValueRef> rets) {
+    c10::ArrayRef<OpValueRef> rets,
+    const CorrectionOptions& options) {
   check_arity(analysis, args.size(), rets.size());
   if (!analysis.has_aliasing_returns()) {
     return;
@@ -530,7 +615,7 @@ void correct_aliasing_borrowed(
     const ReturnAlias& alias = returns[i];
     const Site site{analysis, i, alias.argument};
     if (alias.kind == ReturnAliasKind::kView) {
-      plan_view_return(site, args, rets[i], alias.is_list, plan);
+      plan_view_return(site, args, rets[i], alias.is_list, options, plan);
     } else if (alias.kind == ReturnAliasKind::kWrite) {
       plan_write_return(site, args, rets[i], alias.is_list, plan);
     }
@@ -542,7 +627,8 @@ void correct_view_return(
     const SchemaAliasAnalysis& analysis,
     size_t return_index,
     const at::Tensor& input,
-    const at::Tensor& output) {
+    const at::Tensor& output,
+    const CorrectionOptions& options) {
   const ReturnAlias& alias = analysis.returns().at(return_index);
   TORCH_CHECK(
       alias.kind == ReturnAliasKind::kView && !alias.is_list &&
@@ -555,7 +641,11 @@ void correct_view_return(
   }
   // No other tensor argument exists, so none can be the output.
   if (auto fix = plan_view_output(
-          Site{analysis, return_index, alias.argument}, input, output, {})) {
+          Site{analysis, return_index, alias.argument},
+          input,
+          output,
+          {},
+          options)) {
     apply(*fix);
   }
 }

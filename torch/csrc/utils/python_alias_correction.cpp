@@ -6,7 +6,10 @@
 #include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_c10_errors.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/operator_name.h>
+#include <c10/core/VersionCounterUtils.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -29,8 +32,11 @@ namespace {
 
 PyObject* aliasing_error_type = nullptr; // aliasguard.AliasingError
 PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
+// "__aliasguard_track_views__", interned
+PyObject* tracking_opt_out_attribute = nullptr;
 PyObject* empty_tuple = nullptr; // the default of a dispatch's `args`
 std::atomic<bool> correction_enabled{true};
+std::atomic<bool> view_tracking_enabled{true};
 
 // Raises aliasguard.AliasingError (a RuntimeError) carrying the op, the
 // return index and the argument as attributes. Never throws: it runs in
@@ -89,6 +95,10 @@ struct PyOpEntry {
   // Set for ops whose one return is a view of their only tensor argument,
   // passed positionally at this index: the fast path of correct_result.
   std::optional<size_t> sole_view_argument;
+  // The op has an ADInplaceOrView kernel: above a __torch_dispatch__ it marks
+  // view returns and bumps written arguments. Read once: registering such a
+  // kernel for an op already in use is not supported.
+  bool has_inplace_or_view_kernel = false;
 };
 
 // A correction can run Python code (a wrapper's Python-customized sizes)
@@ -121,13 +131,12 @@ struct RunningCorrection {
   RunningCorrection& operator=(const RunningCorrection&) = delete;
 };
 
-std::shared_ptr<const SchemaAliasAnalysis> analysis_of_op_overload(
-    PyObject* func) {
+std::optional<c10::OperatorName> operator_name_of(PyObject* func) {
   py::object schema = py::reinterpret_steal<py::object>(
       PyObject_GetAttrString(func, "_schema"));
   if (!schema) {
     PyErr_Clear();
-    return nullptr;
+    return std::nullopt;
   }
   py::object name = py::reinterpret_steal<py::object>(
       PyObject_GetAttrString(schema.ptr(), "name"));
@@ -136,10 +145,10 @@ std::shared_ptr<const SchemaAliasAnalysis> analysis_of_op_overload(
   if (!name || !overload || !PyUnicode_Check(name.ptr()) ||
       !PyUnicode_Check(overload.ptr())) {
     PyErr_Clear();
-    return nullptr;
+    return std::nullopt;
   }
-  return schema_alias_analysis(c10::OperatorName(
-      name.cast<std::string>(), overload.cast<std::string>()));
+  return c10::OperatorName(
+      name.cast<std::string>(), overload.cast<std::string>());
 }
 
 // Valid until the end of the outermost RunningCorrection.
@@ -162,7 +171,12 @@ const PyOpEntry& op_entry(PyObject* func) {
   }
   auto entry = std::make_unique<PyOpEntry>();
   entry->func = py::reinterpret_borrow<py::object>(func);
-  entry->analysis = analysis_of_op_overload(func);
+  if (const auto name = operator_name_of(func)) {
+    entry->analysis = schema_alias_analysis(*name);
+    const auto handle = c10::Dispatcher::singleton().findOp(*name);
+    entry->has_inplace_or_view_kernel = handle.has_value() &&
+        handle->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+  }
   if (entry->analysis) {
     for (size_t i = 0; i < entry->analysis->num_arguments(); ++i) {
       PyObject* name =
@@ -184,11 +198,13 @@ const PyOpEntry& op_entry(PyObject* func) {
   return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
 }
 
-bool opted_out(PyObject* owner) {
+// Whether `attribute` is set to a false value on the owner's class (or a
+// base class: the lookup follows the MRO).
+bool opted_out(PyObject* owner, PyObject* attribute) {
   PyTypeObject* type = PyType_Check(owner)
       ? reinterpret_cast<PyTypeObject*>(owner)
       : Py_TYPE(owner);
-  PyObject* flag = _PyType_Lookup(type, opt_out_attribute); // borrowed
+  PyObject* flag = _PyType_Lookup(type, attribute); // borrowed
   if (flag == nullptr || flag == Py_True) {
     return false;
   }
@@ -279,7 +295,8 @@ PyObject* correct_result(
     PyObject* kwargs,
     PyObject* out,
     bool correct,
-    bool audit) {
+    bool audit,
+    const CorrectionOptions& options) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   const auto& returns = analysis.returns();
   const size_t num_returns = returns.size();
@@ -319,7 +336,7 @@ PyObject* correct_result(
   }
 
   if (correct) {
-    correct_aliasing_borrowed(analysis, arguments, results);
+    correct_aliasing_borrowed(analysis, arguments, results, options);
     for (size_t i = 0; i < num_returns; ++i) {
       if (returns[i].is_write()) {
         results[i] = arguments[returns[i].argument]; // what we hand back
@@ -375,7 +392,11 @@ PyObject* correct_result(
 // tensor argument (view, t, transpose, select, slice, expand, ...). Returns
 // false, having done nothing, when the values are not the plain case (the
 // general path then handles them, errors included).
-bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
+bool correct_sole_view(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* out,
+    const CorrectionOptions& options) {
   const size_t index = *entry.sole_view_argument;
   if (static_cast<Py_ssize_t>(index) >= PySequence_Fast_GET_SIZE(args)) {
     return false;
@@ -385,7 +406,11 @@ bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
     return false;
   }
   correct_view_return(
-      *entry.analysis, 0, THPVariable_Unpack(input), THPVariable_Unpack(out));
+      *entry.analysis,
+      0,
+      THPVariable_Unpack(input),
+      THPVariable_Unpack(out),
+      options);
   return true;
 }
 
@@ -427,39 +452,114 @@ PyObject* translate_errors(Body&& body) {
 }
 
 // What a corrected __torch_dispatch__ returns in place of `out` (borrowed),
-// the result of `func(*args, **kwargs)` from the __torch_dispatch__ of
-// `owner` (a class or mode instance: the per-class opt-out is read on it).
-// New reference; nullptr with an exception set.
+// the result of `func(*args, **kwargs)`, for the op `entry` describes. New
+// reference; nullptr with an exception set.
 PyObject* corrected_result(
-    PyObject* owner,
-    PyObject* func,
+    const PyOpEntry& entry,
     PyObject* args,
     PyObject* kwargs,
-    PyObject* out) {
-  if (out == Py_NotImplemented) {
-    return Py_NewRef(out); // the dispatcher will ask someone else
-  }
-  const bool audit = is_alias_audit_enabled();
-  const bool correct = correction_enabled.load(std::memory_order_relaxed) &&
-      !opted_out(owner);
-  if (!correct && !audit) {
-    return Py_NewRef(out);
+    PyObject* out,
+    bool correct,
+    bool audit,
+    const CorrectionOptions& options) {
+  if (out == Py_NotImplemented || !entry.analysis ||
+      (!audit && !entry.analysis->has_aliasing_returns())) {
+    return Py_NewRef(out); // NotImplemented: the dispatcher asks someone else
   }
   return translate_errors([&]() -> PyObject* {
-    const RunningCorrection running;
-    const PyOpEntry& entry = op_entry(func);
-    if (!entry.analysis ||
-        (!audit && !entry.analysis->has_aliasing_returns())) {
-      return Py_NewRef(out);
-    }
     check_args_kwargs(args, kwargs);
     if (correct && !audit && entry.sole_view_argument.has_value() &&
-        correct_sole_view(entry, args, out)) {
+        correct_sole_view(entry, args, out, options)) {
       return Py_NewRef(out);
     }
-    return correct_result(entry, args, kwargs, out, correct, audit);
+    return correct_result(entry, args, kwargs, out, correct, audit, options);
   });
 }
+
+// Remembers the versions of the tensors `entry`'s op writes, as passed in
+// `args`/`kwargs`. Silently remembers nothing for arguments it cannot read:
+// the correction after the call reports malformed ones.
+void remember_written_versions(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    c10::WrittenVersions& written) {
+  if ((!PyTuple_Check(args) && !PyList_Check(args)) ||
+      (kwargs != Py_None && !PyDict_Check(kwargs))) {
+    return;
+  }
+  for (const size_t index : entry.analysis->written_arguments()) {
+    PyObject* value = argument_object(entry, args, kwargs, index);
+    if (value == nullptr || value == Py_None) {
+      continue;
+    }
+    if (is_tensor_object(value)) {
+      written.remember(*THPVariable_Unpack(value).unsafeGetTensorImpl());
+    } else if (PyList_Check(value) || PyTuple_Check(value)) {
+      const Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+      for (Py_ssize_t i = 0; i < size; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(value, i);
+        if (is_tensor_object(item)) {
+          written.remember(*THPVariable_Unpack(item).unsafeGetTensorImpl());
+        }
+      }
+    }
+  }
+}
+
+// Note [Tracked __torch_dispatch__ bodies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The ADInplaceOrView kernel above the Python key runs its op under
+// AutoDispatchBelowADInplaceOrView, so a __torch_dispatch__ body runs with
+// ADInplaceOrView excluded: views made there are plain aliases with fresh
+// counters, in-place ops there bump nothing, and a tensor cached there (the
+// upstream report, selective checkpointing) misses every later mutation. The
+// wrapper re-enables the key for the body, as track_views() does, so those
+// ops run their ADInplaceOrView kernels again (as_view, increment_version);
+// autograd stays excluded. Only when the key was excluded on entry: otherwise
+// the body already runs as stock.
+//
+// Two consequences need handling, both decided here because only the
+// wrapper sees the body from the outside:
+//   * views the body returns now carry view metadata, which the outer
+//     kernel's as_view refuses: see Note [Views returned from below
+//     autograd];
+//   * an in-place op through a mode or subclass would be counted twice: once
+//     by the body (the op's own ADInplaceOrView kernel, reached again when
+//     the body calls func, or whatever writes the body does to the same
+//     memory) and once by the outer kernel. See
+//     Note [One bump per write through __torch_dispatch__].
+// The automatic tracking depends on the correction to hand views back to the
+// outer kernel, so a class or process without correction has no automatic
+// tracking either.
+
+// Note [One bump per write through __torch_dispatch__]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At top level an in-place op bumps each argument it writes once. For ops
+// with an ADInplaceOrView kernel that bump is made by the kernel, after the
+// op returned, above the Python key; the kernel keeps that role: before the
+// body runs we remember the version of every argument the schema marks
+// written (Tensor(a!), returned or not), and when the body returns normally
+// we set those counters back to where they were, so the outer kernel's bump
+// is the only one and counts equal stock's (a cache that recorded a version
+// inside the body, as torch's selective checkpointing does, sees exactly the
+// version the op ends with). Ops without such a kernel (the _foreach_*_
+// family) are counted at top level by the in-place ops their backend kernel
+// runs, which a body below ADInplaceOrView never reaches for a wrapper
+// argument (its inner tensors are written instead) and stock never counts
+// there at all: for those, a written argument whose counter did not move is
+// bumped once, so a mode and a wrapper count what top level counts. Only
+// when the key was excluded on entry, i.e. below autograd. Only the counters
+// of written arguments are touched: a write the body made to anything else is
+// real and stays counted. When the body raises, nothing is settled: no outer
+// bump will follow, and a write that happened before the exception must stay
+// visible.
+// Avoiding the inner bump instead would mean excluding ADInplaceOrView for
+// exactly the body's call of the same op on the same arguments, which the
+// wrapper cannot single out (the body may unwrap, redispatch or write through
+// a view); setting back is exact and costs two loads per written argument.
+// Counters only move through VariableVersion's own bump and set_version (the
+// setter behind torch's _unsafe_set_version_counter), in c10::WrittenVersions.
 
 // Note [The corrected __torch_dispatch__ wrapper]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -504,16 +604,35 @@ PyObject* call_argument(
   return nullptr;
 }
 
+// Re-enables ADInplaceOrView for a tracked body; restores the exclusion
+// however the body ends. See Note [Tracked __torch_dispatch__ bodies].
+class TrackedBody {
+ public:
+  explicit TrackedBody(bool active) : active_(active) {
+    if (active_) {
+      c10::impl::tls_set_dispatch_key_excluded(
+          c10::DispatchKey::ADInplaceOrView, false);
+    }
+  }
+  ~TrackedBody() {
+    if (active_) {
+      c10::impl::tls_set_dispatch_key_excluded(
+          c10::DispatchKey::ADInplaceOrView, true);
+    }
+  }
+  TrackedBody(const TrackedBody&) = delete;
+  TrackedBody& operator=(const TrackedBody&) = delete;
+
+ private:
+  bool active_;
+};
+
 PyObject* corrected_dispatch_call(
     PyObject* callable,
     PyObject* const* argv,
     size_t nargsf,
     PyObject* kwnames) {
   auto* self = reinterpret_cast<CorrectedDispatch*>(callable);
-  PyObject* out = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
-  if (out == nullptr) {
-    return nullptr;
-  }
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   const Py_ssize_t shift = self->owner != nullptr ? 0 : 1;
   PyObject* owner = self->owner;
@@ -521,16 +640,60 @@ PyObject* corrected_dispatch_call(
     owner = nargs > 0 ? argv[0] : Py_None;
   }
   PyObject* func = call_argument(argv, nargs, kwnames, shift, "func");
+  const bool audit = is_alias_audit_enabled();
+  const bool correct = func != nullptr &&
+      correction_enabled.load(std::memory_order_relaxed) &&
+      !opted_out(owner, opt_out_attribute);
+  if (func == nullptr || (!correct && !audit)) {
+    return PyObject_Vectorcall(self->fn, argv, nargsf, kwnames); // stock
+  }
   PyObject* args = call_argument(argv, nargs, kwnames, shift + 2, "args");
   PyObject* kwargs = call_argument(argv, nargs, kwnames, shift + 3, "kwargs");
-  PyObject* result = func == nullptr
-      ? Py_NewRef(out)
-      : corrected_result(
-            owner,
-            func,
-            args != nullptr ? args : empty_tuple,
-            kwargs != nullptr ? kwargs : Py_None,
-            out);
+  args = args != nullptr ? args : empty_tuple;
+  kwargs = kwargs != nullptr ? kwargs : Py_None;
+
+  // Below an ADInplaceOrView kernel (of this op, or of whatever C++ ran it).
+  const bool below_inplace_or_view = c10::impl::tls_is_dispatch_key_excluded(
+      c10::DispatchKey::ADInplaceOrView);
+  const bool track = correct && below_inplace_or_view &&
+      view_tracking_enabled.load(std::memory_order_relaxed) &&
+      !opted_out(owner, tracking_opt_out_attribute);
+  const RunningCorrection running; // keeps `entry` valid across the body
+  const PyOpEntry* entry = nullptr;
+  c10::WrittenVersions written;
+  CorrectionOptions options;
+  const bool ready = translate_errors([&]() -> PyObject* {
+    entry = &op_entry(func);
+    const bool outer_kernel =
+        below_inplace_or_view && entry->has_inplace_or_view_kernel;
+    options.outer_kernel_marks_views = correct && outer_kernel;
+    options.tracked = track;
+    if (correct && below_inplace_or_view && entry->analysis) {
+      remember_written_versions(*entry, args, kwargs, written);
+    }
+    return Py_None; // borrowed, only a success marker
+  }) != nullptr;
+  if (!ready) {
+    return nullptr;
+  }
+  PyObject* out = nullptr;
+  {
+    const TrackedBody body(track);
+    out = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
+  }
+  if (out == nullptr) {
+    return nullptr; // no outer bump follows: keep the body's
+  }
+  // See Note [One bump per write through __torch_dispatch__]
+  if (!written.empty()) {
+    if (entry->has_inplace_or_view_kernel) {
+      written.rewind();
+    } else {
+      written.bump_unmoved();
+    }
+  }
+  PyObject* result =
+      corrected_result(*entry, args, kwargs, out, correct, audit, options);
   Py_DECREF(out);
   return result;
 }
@@ -656,17 +819,56 @@ PyObject* explicit_correct_aliasing(
           Py_TYPE(argv[0])->tp_name);
     }
     check_args_kwargs(argv[1], argv[2]);
+    // Called at the end of a __torch_dispatch__, below autograd: an outer
+    // ADInplaceOrView kernel will mark the views. At top level (autograd not
+    // excluded) views made there keep their metadata.
+    CorrectionOptions options;
+    options.outer_kernel_marks_views = entry.has_inplace_or_view_kernel &&
+        c10::impl::tls_local_dispatch_key_set().excluded_.has(
+            c10::DispatchKey::AutogradFunctionality);
+    options.tracked = options.outer_kernel_marks_views &&
+        !c10::impl::tls_is_dispatch_key_excluded(
+            c10::DispatchKey::ADInplaceOrView);
     if (!entry.analysis->has_aliasing_returns() ||
         (entry.sole_view_argument.has_value() &&
-         correct_sole_view(entry, argv[1], argv[3]))) {
+         correct_sole_view(entry, argv[1], argv[3], options))) {
       return Py_NewRef(argv[3]);
     }
     return correct_result(
-        entry, argv[1], argv[2], argv[3], /*correct=*/true, /*audit=*/false);
+        entry,
+        argv[1],
+        argv[2],
+        argv[3],
+        /*correct=*/true,
+        /*audit=*/false,
+        options);
   });
 }
 
+// _call_tracked(op, *args, **kwargs): op(*args, **kwargs) with
+// ADInplaceOrView re-enabled for that one call (aliasguard.with_tracking).
+PyObject* call_tracked(
+    PyObject* /*module*/,
+    PyObject* const* argv,
+    Py_ssize_t nargs,
+    PyObject* kwnames) {
+  if (nargs < 1) {
+    PyErr_SetString(
+        PyExc_TypeError, "_call_tracked(op, *args, **kwargs): op is missing");
+    return nullptr;
+  }
+  const TrackedBody tracked(c10::impl::tls_is_dispatch_key_excluded(
+      c10::DispatchKey::ADInplaceOrView));
+  return PyObject_Vectorcall(argv[0], argv + 1, nargs - 1, kwnames);
+}
+
 PyMethodDef hot_methods[] = {
+    {"_call_tracked",
+     reinterpret_cast<PyCFunction>(
+         reinterpret_cast<void (*)()>(call_tracked)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "_call_tracked(op, *args, **kwargs): op(*args, **kwargs) with "
+     "ADInplaceOrView re-enabled"},
     {"_correct_aliasing",
      reinterpret_cast<PyCFunction>(
          reinterpret_cast<void (*)()>(explicit_correct_aliasing)),
@@ -722,8 +924,11 @@ void init_alias_correction_bindings(pybind11::module& m) {
   }
   m.add_object("AliasingError", py::handle(aliasing_error_type));
   opt_out_attribute = PyUnicode_InternFromString("__aliasguard_fixup__");
+  tracking_opt_out_attribute =
+      PyUnicode_InternFromString("__aliasguard_track_views__");
   empty_tuple = PyTuple_New(0);
-  if (opt_out_attribute == nullptr || empty_tuple == nullptr ||
+  if (opt_out_attribute == nullptr || tracking_opt_out_attribute == nullptr ||
+      empty_tuple == nullptr ||
       PyModule_AddFunctions(m.ptr(), hot_methods) != 0) {
     throw python_error();
   }
@@ -741,6 +946,13 @@ void init_alias_correction_bindings(pybind11::module& m) {
       py::arg("enabled"));
   m.def("_is_alias_correction_enabled", [] {
     return correction_enabled.load();
+  });
+  m.def(
+      "_set_automatic_view_tracking",
+      [](bool enabled) { return view_tracking_enabled.exchange(enabled); },
+      py::arg("enabled"));
+  m.def("_is_automatic_view_tracking_enabled", [] {
+    return view_tracking_enabled.load();
   });
   m.def(
       "_set_alias_audit", &set_alias_audit_enabled, py::arg("enabled"));

@@ -208,6 +208,10 @@ SchemaAliasAnalysis::SchemaAliasAnalysis(const c10::FunctionSchema& schema)
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const c10::Argument& argument = schema.arguments()[i];
     arguments_.push_back({argument.name(), argument.kwarg_only()});
+    const c10::AliasInfo* info = effective_alias_info(argument.alias_info());
+    if (info != nullptr && info->isWrite()) {
+      written_arguments_.push_back(i);
+    }
     const TensorShape shape = tensor_shape_of(argument.type());
     if (shape != TensorShape::kNone) {
       ++tensor_arguments;

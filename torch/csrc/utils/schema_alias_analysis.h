@@ -95,6 +95,12 @@ class SchemaAliasAnalysis {
   bool has_write_returns() const {
     return has_write_returns_;
   }
+  // Indices of the arguments the op writes (`Tensor(a!)`, `Tensor(a!)[]`,
+  // `Tensor(a!)?`), returned or not (_foreach_add_, batch_norm's running
+  // stats): the tensors autograd's ADInplaceOrView kernel bumps.
+  const std::vector<size_t>& written_arguments() const {
+    return written_arguments_;
+  }
   // The index of the op's only tensor argument, when it has exactly one and
   // no tensor lists (view, t, select, expand, ...): no return can then be
   // another argument, and callers can skip looking at the rest.
@@ -112,6 +118,7 @@ class SchemaAliasAnalysis {
   std::string schema_string_;
   std::vector<ArgumentInfo> arguments_;
   std::vector<ReturnAlias> returns_;
+  std::vector<size_t> written_arguments_;
   bool has_view_returns_ = false;
   bool has_write_returns_ = false;
   std::optional<size_t> sole_tensor_argument_;
