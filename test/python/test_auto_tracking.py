@@ -267,6 +267,34 @@ def test_gradients_are_bit_identical_to_stock(stock_and_tracked):
     assert all(torch.equal(s, t) for s, t in zip(stock["two_tensor_gradients"], tracked["two_tensor_gradients"]))
 
 
+def test_forward_gradients_are_bit_identical_to_stock(stock_and_tracked):
+    stock, tracked = (r["forward_gradients"] for r in stock_and_tracked)
+    for where in ("top level", "mode"):
+        assert torch.equal(stock[where], tracked[where]), where
+
+
+def test_no_grad_and_inference_mode_behave_as_at_top_level():
+    def run(through_mode):
+        x = torch.randn(2, 3, requires_grad=True)
+        with torch.no_grad(), (ReturnMode() if through_mode else torch.no_grad()):
+            y = x.view(6)
+        error = None
+        try:
+            y.mul_(2)
+        except RuntimeError as e:
+            error = str(e).split(".")[0]
+        with torch.inference_mode(), (ReturnMode() if through_mode else torch.no_grad()):
+            normal = torch.ones(2)
+            inference = torch.ones(2)
+            normal_version = x._version
+            v = inference.view(2, 1)
+            inference.add_(1)
+            w = x.detach().view(6)
+        return (y._is_view(), y.requires_grad, error, v.shape, w._is_view(), x._version - normal_version)
+
+    assert run(through_mode=True) == run(through_mode=False)
+
+
 # --- views returned from a tracked body (the question left open upstream) ------------------
 
 
@@ -353,6 +381,22 @@ def test_stock_error_for_a_view_with_metadata_is_gone_in_opted_out_classes_too()
     with ManualTracking():
         y = x.view(2, 2)
     assert y._base is x and shares_version_counter(x, y)
+
+
+def test_maybe_view_ops_may_return_copies_below_autograd():
+    # aten::to and aten::contiguous say Tensor(a) but copy when they must;
+    # they reach a mode only from below autograd (here: from another body).
+    outer = SaveMode(lambda o: (o.to(torch.float64), o.t().contiguous()))
+    with outer, ReturnMode():
+        b = torch.sin(torch.randn(2, 2))
+    as_double, contiguous = outer.saved[0]
+    assert as_double.dtype == torch.float64 and torch.equal(as_double, b.double())
+    assert torch.equal(contiguous, b.t()) and contiguous.is_contiguous()
+    # A real view op answered with a copy is still an error.
+    with pytest.raises(AliasingError, match="aten::view"):
+        aliasguard.correct_aliasing(aten.view.default, (b, [4]), {}, b.clone().view(4))
+    same = aliasguard.correct_aliasing(aten.to.dtype, (b, torch.float64), {}, as_double)
+    assert same is as_double
 
 
 # --- opt-outs and explicit forms --------------------------------------------------------------

@@ -166,12 +166,33 @@ def two_tensor_gradients():
     return x.grad.a.clone(), x.grad.b.clone()
 
 
+def forward_gradients():
+    """Forward-mode tangents of model_step's views, at top level and through a mode."""
+    import torch.autograd.forward_ad as fwAD
+
+    results = {}
+    for where in ("top level", "mode"):
+        g = torch.Generator().manual_seed(2)
+        x, w1, w2 = torch.randn(2, 5, generator=g), torch.randn(5, 12, generator=g), torch.randn(5, 3, generator=g)
+        tangent = torch.randn(2, 5, generator=g)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, tangent)
+            if where == "mode":
+                with PassThroughMode():
+                    out = model_step(dual, w1, w2)
+            else:
+                out = model_step(dual, w1, w2)
+            results[where] = fwAD.unpack_dual(out).tangent.clone()
+    return results
+
+
 def collect():
     torch.manual_seed(0)
     return {
         "version_deltas": version_deltas(),
         "gradients": gradients(),
         "two_tensor_gradients": two_tensor_gradients(),
+        "forward_gradients": forward_gradients(),
     }
 
 

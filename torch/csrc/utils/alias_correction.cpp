@@ -322,6 +322,9 @@ std::optional<ViewFix> plan_view_output(
       alias_storage = true;
     }
   } else if (has_real_storage(output) && has_real_storage(input)) {
+    if (!same_storage && options.view_may_be_a_copy) {
+      return std::nullopt; // a copy, legitimately
+    }
     if (!same_storage) {
       fail(
           site,

@@ -121,6 +121,13 @@ struct CorrectionOptions {
   // require grad only because it was built from a real view of an inner
   // tensor that requires grad; that flag is dropped too.
   bool tracked = false;
+  // The op is no view op for autograd (no ADInplaceOrView kernel): a
+  // CompositeImplicitAutograd op whose schema says Tensor(a) but which
+  // returns a copy when it must (to, contiguous, reshape). Such ops reach a
+  // __torch_dispatch__ only from below autograd (a forward-AD formula, a
+  // tracked body); a real output with memory of its own is then left alone
+  // instead of being an error.
+  bool view_may_be_a_copy = false;
 };
 
 // Alias correction of one op's result, on borrowed values. `args` are the

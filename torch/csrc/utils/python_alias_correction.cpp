@@ -668,6 +668,7 @@ PyObject* corrected_dispatch_call(
         below_inplace_or_view && entry->has_inplace_or_view_kernel;
     options.outer_kernel_marks_views = correct && outer_kernel;
     options.tracked = track;
+    options.view_may_be_a_copy = !entry->has_inplace_or_view_kernel;
     if (correct && below_inplace_or_view && entry->analysis) {
       remember_written_versions(*entry, args, kwargs, written);
     }
@@ -829,6 +830,7 @@ PyObject* explicit_correct_aliasing(
     options.tracked = options.outer_kernel_marks_views &&
         !c10::impl::tls_is_dispatch_key_excluded(
             c10::DispatchKey::ADInplaceOrView);
+    options.view_may_be_a_copy = !entry.has_inplace_or_view_kernel;
     if (!entry.analysis->has_aliasing_returns() ||
         (entry.sole_view_argument.has_value() &&
          correct_sole_view(entry, argv[1], argv[3], options))) {
