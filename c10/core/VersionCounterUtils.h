@@ -1,5 +1,6 @@
 #pragma once
 
+#include <ATen/core/TensorBase.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/macros/AliasguardExport.h>
 
@@ -22,6 +23,17 @@ ALIASGUARD_API void share_version_counter(
 // True when the tensor has an enabled counter, i.e. sharing is meaningful.
 inline bool has_version_counter(const c10::TensorImpl& impl) {
   return impl.version_counter().enabled();
+}
+
+// True when both tensors have a counter but not the same one: what a view
+// made below autograd has, and alias correction gives the view its input's.
+// (Inference tensors have no counter to share; as_view skips them too.)
+inline bool shares_no_version_counter(
+    const at::TensorBase& input, const at::TensorBase& output) {
+  const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
+  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
+  return has_version_counter(in) && has_version_counter(out) &&
+         !shares_version_counter(in, out);
 }
 
 }  // namespace aliasguard

@@ -47,4 +47,19 @@ TEST(VersionCounterUtils, InferenceTensorsShareNothing) {
       *normal.unsafeGetTensorImpl(), *inference.unsafeGetTensorImpl()));
 }
 
+TEST(VersionCounterUtils, SharesNoVersionCounterOnlyWhenBothHaveOne) {
+  at::Tensor a = at::ones({2});
+  at::Tensor b = at::ones({2});
+  EXPECT_TRUE(aliasguard::shares_no_version_counter(a, b));
+  aliasguard::share_version_counter(
+      *b.unsafeGetTensorImpl(), *a.unsafeGetTensorImpl());
+  EXPECT_FALSE(aliasguard::shares_no_version_counter(a, b));
+  at::Tensor inference;
+  {
+    c10::InferenceMode guard;
+    inference = at::ones({2});
+  }
+  EXPECT_FALSE(aliasguard::shares_no_version_counter(a, inference));
+}
+
 }  // namespace

@@ -38,20 +38,6 @@ namespace aliasguard::utils {
 
 namespace {
 
-using autograd::has_placeholder_storage;
-using autograd::has_real_storage;
-using autograd::storage_of;
-using autograd::storages_alias;
-
-bool needs_shared_version_counter(
-    const at::Tensor& input, const at::Tensor& output) {
-  const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
-  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
-  // Inference tensors have no counter to share.
-  return has_version_counter(in) && has_version_counter(out) &&
-         !shares_version_counter(in, out);
-}
-
 bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
   return analysis.op_name() == "aten::_unsafe_view";
 }
@@ -60,7 +46,7 @@ void audit_fresh_output(
     const AliasSite& site,
     const at::Tensor& output,
     c10::ArrayRef<OpValueRef> args) {
-  if (!output.has_storage() || storage_of(output).nbytes() == 0) {
+  if (!output.has_storage() || autograd::storage_of(output).nbytes() == 0) {
     return;
   }
   for (size_t i = 0; i < args.size(); ++i) {
@@ -73,7 +59,7 @@ void audit_fresh_output(
                 " itself, but the schema says it is a new tensor (no alias "
                 "annotation)");
       }
-      if (storages_alias(output, input)) {
+      if (autograd::storages_alias(output, input)) {
         throw_aliasing_error(
             argument_site,
             "shares memory with " + argument_site.argument_name() +
@@ -94,33 +80,25 @@ void audit_view_output(
   }
   // A real output of a placeholder input (a wrapper returning views of its
   // inner tensors) cannot be checked; everything else with storage can.
-  const bool checkable =
-      output.has_storage() && input.has_storage() &&
-      !(has_placeholder_storage(input) && has_real_storage(output));
-  if (checkable && !storages_alias(output, input)) {
+  const bool checkable = output.has_storage() && input.has_storage() &&
+                         !(autograd::has_placeholder_storage(input) &&
+                           autograd::has_real_storage(output));
+  if (checkable && !autograd::storages_alias(output, input)) {
     throw_aliasing_error(
         site,
         "does not share the storage of " + site.argument_name() +
             ", of which the schema says it is a view");
   }
-  if (checkable && has_real_storage(output) &&
+  if (checkable && autograd::has_real_storage(output) &&
       output.layout() == c10::kStrided) {
     // See Note [May a tensor alias a storage]: a strided view must stay
     // inside the memory it shares (a __torch_dispatch__ can build one that
     // does not). Other layouts (a jagged nested tensor over its values) do
     // not address it through sizes and strides.
-    const std::string argument = site.argument_name();
-    const std::string argument_storage = "the storage of " + argument;
-    if (const auto problem = autograd::storage_alias_problem(
-            output,
-            input,
-            autograd::AliasNames{
-                "the returned view", argument, argument_storage})) {
-      throw_aliasing_error(site, "is not a valid view: " + *problem);
-    }
+    check_storage_alias(
+        site, output, input, "the returned view", "is not a valid view");
   }
-  if (views_share_version_counter &&
-      needs_shared_version_counter(input, output)) {
+  if (views_share_version_counter && shares_no_version_counter(input, output)) {
     throw_aliasing_error(
         site,
         "is a view of " + site.argument_name() +

@@ -73,15 +73,6 @@ void check_not_other_argument(
   }
 }
 
-bool needs_shared_version_counter(
-    const at::Tensor& input, const at::Tensor& output) {
-  const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
-  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
-  // Inference tensors have no counter to share; as_view skips them too.
-  return has_version_counter(in) && has_version_counter(out) &&
-         !shares_version_counter(in, out);
-}
-
 struct ViewFix {
   c10::TensorImpl* output;
   const c10::TensorImpl* input;
@@ -117,19 +108,14 @@ std::optional<ViewFix> plan_view_output(
   const bool same_storage = input_has_storage && output.has_storage() &&
                             storage_of(output).is_alias_of(storage_of(input));
   if (output_is_placeholder && !same_storage) {
-    // See Note [May a tensor alias a storage]
-    const std::string argument = site.argument_name();
-    const std::string argument_storage = "the storage of " + argument;
-    if (const auto problem = autograd::storage_alias_problem(
-            output,
-            input,
-            autograd::AliasNames{
-                "the returned wrapper", argument, argument_storage})) {
-      throw_aliasing_error(
-          site,
-          "is a wrapper tensor with placeholder storage that cannot share " +
-              argument_storage + ": " + *problem);
-    }
+    check_storage_alias(
+        site,
+        output,
+        input,
+        "the returned wrapper",
+        "is a wrapper tensor with placeholder storage that cannot share the "
+        "storage of " +
+            site.argument_name());
     alias_storage = true;
   } else if (has_real_storage(output) && has_real_storage(input)) {
     if (!same_storage) {
@@ -140,7 +126,7 @@ std::optional<ViewFix> plan_view_output(
               "input (was the view op answered with a copy?)");
     }
   }
-  const bool share = needs_shared_version_counter(input, output);
+  const bool share = shares_no_version_counter(input, output);
   if (!alias_storage && !share) {
     return std::nullopt;
   }

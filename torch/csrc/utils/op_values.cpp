@@ -1,5 +1,7 @@
 #include <torch/csrc/utils/op_values.h>
 
+#include <torch/csrc/autograd/storage_alias.h>
+
 #include <utility>
 
 namespace aliasguard::utils {
@@ -28,6 +30,22 @@ const at::Tensor& tensor_argument(
             value.describe());
   }
   return value.tensor();
+}
+
+void check_storage_alias(
+    const AliasSite& site,
+    const at::Tensor& output,
+    const at::Tensor& input,
+    std::string_view output_name,
+    std::string_view what) {
+  const std::string argument = site.argument_name();
+  const std::string argument_storage = "the storage of " + argument;
+  if (const auto problem = autograd::storage_alias_problem(
+          output,
+          input,
+          autograd::AliasNames{output_name, argument, argument_storage})) {
+    throw_aliasing_error(site, std::string(what) + ": " + *problem);
+  }
 }
 
 void check_arity(

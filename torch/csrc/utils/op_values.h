@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // An op's arguments and returns as the alias checks see them, whatever holds
@@ -87,6 +88,17 @@ void for_each_tensor(const OpValueRef& value, Visit&& visit) {
 // is not a tensor.
 const at::Tensor& tensor_argument(
     const AliasSite& site, c10::ArrayRef<OpValueRef> args);
+
+// Throws the AliasingError "<op>: return <i> <what>: <why>" unless
+// `output` (called `output_name` in <why>) may use the storage of the tensor
+// argument `input` that `site` concerns. See Note [May a tensor alias a
+// storage].
+void check_storage_alias(
+    const AliasSite& site,
+    const at::Tensor& output,
+    const at::Tensor& input,
+    std::string_view output_name,
+    std::string_view what);
 
 // c10::Error unless there are as many arguments and returns as the schema has.
 void check_arity(
