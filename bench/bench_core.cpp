@@ -61,4 +61,4 @@ void BM_ViewBookkeepingMarkAsView(benchmark::State& state) {
 }
 BENCHMARK(BM_ViewBookkeepingMarkAsView);
 
-}  // namespace
+} // namespace

@@ -6,12 +6,13 @@
 namespace aliasguard {
 
 bool shares_version_counter(
-    const c10::TensorImpl& a, const c10::TensorImpl& b) {
+    const c10::TensorImpl& a,
+    const c10::TensorImpl& b) {
   // See Note [Version counter identity]
   const void* identity =
       internals::version_counter_identity(a.version_counter());
   return identity != nullptr &&
-         identity == internals::version_counter_identity(b.version_counter());
+      identity == internals::version_counter_identity(b.version_counter());
 }
 
 void share_version_counter(c10::TensorImpl& dst, const c10::TensorImpl& src) {
@@ -26,4 +27,4 @@ void share_version_counter(c10::TensorImpl& dst, const c10::TensorImpl& src) {
   dst.set_version_counter(src.version_counter());
 }
 
-}  // namespace aliasguard
+} // namespace aliasguard

@@ -12,13 +12,15 @@ namespace aliasguard {
 
 // True when both tensors bump and observe one and the same counter.
 ALIASGUARD_API bool shares_version_counter(
-    const c10::TensorImpl& a, const c10::TensorImpl& b);
+    const c10::TensorImpl& a,
+    const c10::TensorImpl& b);
 
 // Makes `dst` use `src`'s counter, the way a view shares its base's counter.
 // Refuses inference tensors (they have no counter to share) and leaves `dst`
 // untouched in that case.
 ALIASGUARD_API void share_version_counter(
-    c10::TensorImpl& dst, const c10::TensorImpl& src);
+    c10::TensorImpl& dst,
+    const c10::TensorImpl& src);
 
 // True when the tensor has an enabled counter, i.e. sharing is meaningful.
 inline bool has_version_counter(const c10::TensorImpl& impl) {
@@ -29,11 +31,12 @@ inline bool has_version_counter(const c10::TensorImpl& impl) {
 // made below autograd has, and alias correction gives the view its input's.
 // (Inference tensors have no counter to share; as_view skips them too.)
 inline bool shares_no_version_counter(
-    const at::TensorBase& input, const at::TensorBase& output) {
+    const at::TensorBase& input,
+    const at::TensorBase& output) {
   const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
   const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
   return has_version_counter(in) && has_version_counter(out) &&
-         !shares_version_counter(in, out);
+      !shares_version_counter(in, out);
 }
 
-}  // namespace aliasguard
+} // namespace aliasguard

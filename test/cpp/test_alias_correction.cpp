@@ -42,7 +42,8 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 }
 
 const c10::FunctionSchema& schema_of(
-    const char* name, const char* overload = "") {
+    const char* name,
+    const char* overload = "") {
   return c10::Dispatcher::singleton()
       .findSchemaOrThrow(name, overload)
       .schema();
@@ -167,7 +168,7 @@ TEST(AliasCorrection, ListViewWithACopyIsRefusedNamingTheElement) {
   EXPECT_NE(
       std::string(error.what_without_backtrace()).find("list element 1"),
       std::string::npos);
-  EXPECT_FALSE(shares_counter(input, pieces[0]));  // planned, never applied
+  EXPECT_FALSE(shares_counter(input, pieces[0])); // planned, never applied
 }
 
 TEST(AliasCorrection, InPlaceReturnIsReplacedByItsArgument) {
@@ -526,4 +527,4 @@ TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
   });
 }
 
-}  // namespace
+} // namespace

@@ -94,4 +94,4 @@ TEST(DetachBelowAutograd, ChainedDetachesShareOneCounter) {
   EXPECT_EQ(a._version(), before + 1);
 }
 
-}  // namespace
+} // namespace

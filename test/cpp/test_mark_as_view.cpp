@@ -258,4 +258,4 @@ TEST(MarkAsView, CreationMetaFollowsGradMode) {
       CreationMeta::NO_GRAD_MODE);
 }
 
-}  // namespace
+} // namespace

@@ -20,7 +20,8 @@ using aliasguard::utils::schema_alias_analysis;
 using aliasguard::utils::SchemaAliasAnalysis;
 
 std::shared_ptr<const SchemaAliasAnalysis> aten(
-    const char* name, const char* overload = "") {
+    const char* name,
+    const char* overload = "") {
   auto analysis = schema_alias_analysis(c10::OperatorName(name, overload));
   EXPECT_NE(analysis, nullptr) << name << "." << overload;
   return analysis;
@@ -242,4 +243,4 @@ TEST(SchemaAliasAnalysisCache, DeregistrationDropsTheEntry) {
   }
 }
 
-}  // namespace
+} // namespace

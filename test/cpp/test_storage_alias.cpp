@@ -29,9 +29,9 @@ std::string problem_of(const at::Tensor& tensor, const at::Tensor& base) {
 TEST(CheckedStorageNbytes, MatchesTheBytesAContiguousTensorNeeds) {
   EXPECT_EQ(checked_storage_nbytes({2, 3}, {3, 1}, 0, 4), 24);
   EXPECT_EQ(checked_storage_nbytes({2, 3}, {3, 1}, 5, 4), 44);
-  EXPECT_EQ(checked_storage_nbytes({4}, {0}, 0, 8), 8);          // expanded
-  EXPECT_EQ(checked_storage_nbytes({0, 7}, {7, 1}, 100, 4), 0);  // empty
-  EXPECT_EQ(checked_storage_nbytes({}, {}, 3, 2), 8);            // 0-d
+  EXPECT_EQ(checked_storage_nbytes({4}, {0}, 0, 8), 8); // expanded
+  EXPECT_EQ(checked_storage_nbytes({0, 7}, {7, 1}, 100, 4), 0); // empty
+  EXPECT_EQ(checked_storage_nbytes({}, {}, 3, 2), 8); // 0-d
 }
 
 TEST(CheckedStorageNbytes, RefusesOverflowAndNegativeValues) {
@@ -124,4 +124,4 @@ TEST(DifferentiableView, LayoutsMustBeStrided) {
   EXPECT_NE(problem->find("layout Sparse"), std::string::npos) << *problem;
 }
 
-}  // namespace
+} // namespace

@@ -65,4 +65,4 @@ TEST(TrackViews, ExceptionRestoresState) {
   EXPECT_FALSE(is_view_tracking_enabled());
 }
 
-}  // namespace
+} // namespace

@@ -62,4 +62,4 @@ TEST(VersionCounterUtils, SharesNoVersionCounterOnlyWhenBothHaveOne) {
   EXPECT_FALSE(aliasguard::shares_no_version_counter(a, inference));
 }
 
-}  // namespace
+} // namespace

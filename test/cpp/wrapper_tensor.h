@@ -25,14 +25,15 @@ inline at::Tensor make_wrapper(
       std::move(storage),
       c10::DispatchKeySet(c10::DispatchKey::CPU),
       caffe2::TypeMeta::Make<float>());
-  impl->set_python_dispatch(true);  // as _make_wrapper_subclass does
+  impl->set_python_dispatch(true); // as _make_wrapper_subclass does
   impl->set_sizes_and_strides(sizes, strides);
   return at::Tensor(std::move(impl));
 }
 
 // Contiguous, with a storage just large enough.
 inline at::Tensor make_wrapper(
-    at::IntArrayRef sizes, c10::Device device = c10::Device(c10::kCPU)) {
+    at::IntArrayRef sizes,
+    c10::Device device = c10::Device(c10::kCPU)) {
   const int64_t numel = c10::multiply_integers(sizes);
   const at::Tensor wrapper = make_wrapper(
       sizes, sizes, numel * static_cast<int64_t>(sizeof(float)), device);
@@ -40,4 +41,4 @@ inline at::Tensor make_wrapper(
   return wrapper;
 }
 
-}  // namespace aliasguard::testing
+} // namespace aliasguard::testing

@@ -100,7 +100,9 @@ void check_has_no_autograd_meta(const at::Tensor& tensor) {
 constexpr AliasNames kNames{"tensor", "base", "base's storage"};
 
 void check_storage(
-    const at::Tensor& tensor, const at::Tensor& base, bool alias_storage) {
+    const at::Tensor& tensor,
+    const at::Tensor& base,
+    bool alias_storage) {
   // See Note [May a tensor alias a storage]
   if (alias_storage) {
     const auto problem = storage_alias_problem(tensor, base, kNames);
@@ -111,7 +113,7 @@ void check_storage(
     return;
   }
   if (has_placeholder_storage(tensor)) {
-    return;  // a wrapper subclass aliases whatever its inner tensors alias
+    return; // a wrapper subclass aliases whatever its inner tensors alias
   }
   TORCH_CHECK(
       storages_alias(tensor, base),
@@ -120,7 +122,7 @@ void check_storage(
       "storage first");
 }
 
-}  // namespace
+} // namespace
 
 CreationMeta creation_meta_from_name(std::string_view name) {
   for (const auto& [known, meta] : kCreationMetaNames) {
@@ -194,10 +196,9 @@ const at::Tensor& mark_as_view(
     share_version_counter(*tensor_impl, *base.unsafeGetTensorImpl());
     return tensor;
   }
-  std::unique_ptr<torch::autograd::ViewFunc> view_func =
-      options.view_fn
-          ? std::make_unique<CallableViewFunc>(std::move(options.view_fn))
-          : nullptr;
+  std::unique_ptr<torch::autograd::ViewFunc> view_func = options.view_fn
+      ? std::make_unique<CallableViewFunc>(std::move(options.view_fn))
+      : nullptr;
   internals::make_differentiable_view_in_place(
       base,
       tensor,
@@ -211,4 +212,4 @@ const at::Tensor& mark_as_view(
   return tensor;
 }
 
-}  // namespace aliasguard::autograd
+} // namespace aliasguard::autograd

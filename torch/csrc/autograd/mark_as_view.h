@@ -42,4 +42,4 @@ ALIASGUARD_API const at::Tensor& mark_as_view(
 ALIASGUARD_API CreationMeta creation_meta_from_name(std::string_view name);
 ALIASGUARD_API const char* creation_meta_name(CreationMeta meta);
 
-}  // namespace aliasguard::autograd
+} // namespace aliasguard::autograd

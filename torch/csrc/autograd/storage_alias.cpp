@@ -51,7 +51,9 @@ std::optional<std::vector<int64_t>> concrete(c10::SymIntArrayRef values) {
 }
 
 std::optional<std::string> bounds_problem(
-    const at::Tensor& tensor, const at::Tensor& base, const AliasNames& names) {
+    const at::Tensor& tensor,
+    const at::Tensor& base,
+    const AliasNames& names) {
   const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   const c10::Storage& storage = storage_of(base);
   const auto sizes = concrete(impl->sym_sizes());
@@ -110,7 +112,7 @@ bool is_complex_pair(c10::ScalarType a, c10::ScalarType b) {
   return c10::isComplexType(a) && c10::toRealValueType(a) == b;
 }
 
-}  // namespace
+} // namespace
 
 std::optional<int64_t> checked_storage_nbytes(
     c10::IntArrayRef sizes,
@@ -146,7 +148,9 @@ std::optional<int64_t> checked_storage_nbytes(
 }
 
 std::optional<std::string> storage_alias_problem(
-    const at::Tensor& tensor, const at::Tensor& base, const AliasNames& names) {
+    const at::Tensor& tensor,
+    const at::Tensor& base,
+    const AliasNames& names) {
   if (!base.has_storage()) {
     return c10::str(
         names.base,
@@ -167,7 +171,7 @@ std::optional<std::string> storage_alias_problem(
   }
   if (has_placeholder_storage(base)) {
     if (has_placeholder_storage(tensor)) {
-      return std::nullopt;  // no data is ever read through either
+      return std::nullopt; // no data is ever read through either
     }
     return c10::str(
         names.tensor,
@@ -240,4 +244,4 @@ std::optional<std::string> differentiable_view_problem(
   return std::nullopt;
 }
 
-}  // namespace aliasguard::autograd
+} // namespace aliasguard::autograd

@@ -20,7 +20,7 @@ namespace aliasguard::autograd {
 inline bool has_placeholder_storage(const at::TensorBase& tensor) {
   const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   return impl->is_python_dispatch() &&
-         (!impl->has_storage() || impl->unsafe_storage().data() == nullptr);
+      (!impl->has_storage() || impl->unsafe_storage().data() == nullptr);
 }
 
 // unsafe_storage: a wrapper subclass's storage() throws by design.
@@ -34,7 +34,7 @@ inline bool has_real_storage(const at::TensorBase& tensor) {
 
 inline bool storages_alias(const at::TensorBase& a, const at::TensorBase& b) {
   return a.has_storage() && b.has_storage() &&
-         storage_of(a).is_alias_of(storage_of(b));
+      storage_of(a).is_alias_of(storage_of(b));
 }
 
 // How the two tensors are named in messages: "tensor", "base" and "base's
@@ -51,7 +51,9 @@ struct AliasNames {
 // nullopt when it may. Only what makes reading `tensor` afterwards safe and
 // meaningful is checked, nothing about autograd.
 ALIASGUARD_API std::optional<std::string> storage_alias_problem(
-    const at::Tensor& tensor, const at::Tensor& base, const AliasNames& names);
+    const at::Tensor& tensor,
+    const at::Tensor& base,
+    const AliasNames& names);
 
 // Why `tensor` may not be a differentiable view of `base` (gradients flow
 // through as_strided replay, or `view_fn` when the caller has one), or
@@ -72,4 +74,4 @@ ALIASGUARD_API std::optional<int64_t> checked_storage_nbytes(
     int64_t storage_offset,
     size_t itemsize);
 
-}  // namespace aliasguard::autograd
+} // namespace aliasguard::autograd

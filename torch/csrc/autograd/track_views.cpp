@@ -25,4 +25,4 @@ bool is_view_tracking_enabled() {
       c10::DispatchKey::ADInplaceOrView);
 }
 
-}  // namespace aliasguard::autograd
+} // namespace aliasguard::autograd

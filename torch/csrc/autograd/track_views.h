@@ -35,4 +35,4 @@ class TrackViewsGuard {
   bool was_excluded_;
 };
 
-}  // namespace aliasguard::autograd
+} // namespace aliasguard::autograd

@@ -81,8 +81,8 @@ void audit_view_output(
   // A real output of a placeholder input (a wrapper returning views of its
   // inner tensors) cannot be checked; everything else with storage can.
   const bool checkable = output.has_storage() && input.has_storage() &&
-                         !(autograd::has_placeholder_storage(input) &&
-                           autograd::has_real_storage(output));
+      !(autograd::has_placeholder_storage(input) &&
+        autograd::has_real_storage(output));
   if (checkable && !autograd::storages_alias(output, input)) {
     throw_aliasing_error(
         site,
@@ -128,10 +128,9 @@ void audit_return(
     bool views_share_version_counter) {
   const at::Tensor* single = value.is_tensor() ? &value.tensor() : nullptr;
   const auto outputs = value.is_list()
-                           ? value.elements()
-                           : c10::ArrayRef<const at::Tensor*>(
-                                 single != nullptr ? &single : nullptr,
-                                 single != nullptr ? 1 : 0);
+      ? value.elements()
+      : c10::ArrayRef<const at::Tensor*>(
+            single != nullptr ? &single : nullptr, single != nullptr ? 1 : 0);
   for (size_t k = 0; k < outputs.size(); ++k) {
     if (outputs[k] == nullptr || !outputs[k]->defined()) {
       continue;
@@ -169,7 +168,7 @@ void audit_return(
   }
 }
 
-}  // namespace
+} // namespace
 
 void audit_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
@@ -217,4 +216,4 @@ bool is_alias_audit_enabled() {
   return c10::impl::tls_is_dispatch_key_included(internals::kAuditDispatchKey);
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

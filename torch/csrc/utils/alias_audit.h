@@ -42,4 +42,4 @@ using AliasingErrorReporter = void (*)(const AliasingError&);
 ALIASGUARD_API void set_alias_audit_error_reporter(
     AliasingErrorReporter reporter);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

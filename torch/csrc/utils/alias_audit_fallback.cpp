@@ -35,10 +35,9 @@ void audit_fallback(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet dispatch_keys,
     torch::jit::Stack* stack) {
-  const c10::DispatchKeySet below =
-      dispatch_keys &
-      c10::DispatchKeySet(
-          c10::DispatchKeySet::FULL_AFTER, internals::kAuditDispatchKey);
+  const c10::DispatchKeySet below = dispatch_keys &
+      c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
+                          internals::kAuditDispatchKey);
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> inputs(
@@ -68,7 +67,7 @@ void audit_fallback(
   }
 }
 
-}  // namespace
+} // namespace
 
 void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
   audit_error_reporter.store(reporter);
@@ -86,6 +85,6 @@ const bool audit_fallback_registered = [] {
   return true;
 }();
 
-}  // namespace
+} // namespace
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -106,7 +106,7 @@ std::optional<ViewFix> plan_view_output(
   const bool input_has_storage = input.has_storage();
   const bool output_is_placeholder = has_placeholder_storage(output);
   const bool same_storage = input_has_storage && output.has_storage() &&
-                            storage_of(output).is_alias_of(storage_of(input));
+      storage_of(output).is_alias_of(storage_of(input));
   if (output_is_placeholder && !same_storage) {
     check_storage_alias(
         site,
@@ -154,7 +154,7 @@ bool same_strided_metadata(const at::Tensor& a, const at::Tensor& b) {
     return true;
   }
   return a.sym_strides().equals(b.sym_strides()) &&
-         a.sym_storage_offset() == b.sym_storage_offset();
+      a.sym_storage_offset() == b.sym_storage_offset();
 }
 
 void plan_write_output(
@@ -207,7 +207,7 @@ void plan_view_return(
     Plan& plan) {
   if (!is_list) {
     if (value.is_none()) {
-      return;  // an optional return
+      return; // an optional return
     }
     if (!value.is_tensor()) {
       throw_aliasing_error(
@@ -298,7 +298,7 @@ void apply(const Plan& plan) {
   }
 }
 
-}  // namespace
+} // namespace
 
 void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
@@ -378,4 +378,4 @@ void correct_aliasing(
   correct_aliasing(SchemaAliasAnalysis(schema), args, rets);
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -56,4 +56,4 @@ ALIASGUARD_API void correct_aliasing(
     c10::ArrayRef<c10::IValue> args,
     torch::jit::Stack& rets);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -11,7 +11,8 @@ AliasingError::AliasingError(
     std::string argument,
     const std::string& message)
     : c10::Error(
-          {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message),
+          {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+          message),
       op_(std::move(op)),
       return_index_(return_index),
       argument_(std::move(argument)) {}
@@ -45,4 +46,4 @@ void throw_aliasing_error(
   throw_aliasing_error(AliasSite{analysis, return_index, argument}, problem);
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -65,7 +65,8 @@ struct AliasSite {
 // check uses: "<op>: return <i> [(list element <k>)] <problem>" followed by
 // the schema.
 [[noreturn]] ALIASGUARD_API void throw_aliasing_error(
-    const AliasSite& site, std::string_view problem);
+    const AliasSite& site,
+    std::string_view problem);
 
 // The same, for callers without a site.
 [[noreturn]] ALIASGUARD_API void throw_aliasing_error(
@@ -74,4 +75,4 @@ struct AliasSite {
     std::optional<size_t> argument,
     std::string_view problem);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -21,7 +21,8 @@ std::string OpValueRef::describe() const {
 }
 
 const at::Tensor& tensor_argument(
-    const AliasSite& site, c10::ArrayRef<OpValueRef> args) {
+    const AliasSite& site,
+    c10::ArrayRef<OpValueRef> args) {
   const OpValueRef& value = args[*site.argument];
   if (!value.is_tensor()) {
     throw_aliasing_error(
@@ -49,7 +50,9 @@ void check_storage_alias(
 }
 
 void check_arity(
-    const SchemaAliasAnalysis& analysis, size_t num_args, size_t num_rets) {
+    const SchemaAliasAnalysis& analysis,
+    size_t num_args,
+    size_t num_rets) {
   TORCH_CHECK(
       num_args == analysis.num_arguments(),
       analysis.op_name(),
@@ -93,7 +96,7 @@ const char* ivalue_type_name(const c10::IValue& value) {
   return "non-tensor value";
 }
 
-}  // namespace
+} // namespace
 
 BorrowedIValues::BorrowedIValues(c10::ArrayRef<c10::IValue> values) {
   refs_.reserve(values.size());
@@ -129,4 +132,4 @@ OpValueRef BorrowedIValues::borrow(const c10::IValue& value) {
   return OpValueRef::list(lists_.back());
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -24,8 +24,8 @@ namespace aliasguard::utils {
 // its PyObject's reference count.
 class OpValueRef {
  public:
-  OpValueRef() = default;  // None
-                           // An undefined tensor (an absent optional) is None.
+  OpValueRef() = default; // None
+                          // An undefined tensor (an absent optional) is None.
   /* implicit */ OpValueRef(const at::Tensor& tensor)
       : kind_(tensor.defined() ? Kind::kTensor : Kind::kNone),
         tensor_(&tensor) {}
@@ -87,7 +87,8 @@ void for_each_tensor(const OpValueRef& value, Visit&& visit) {
 // The tensor passed for the argument `site` concerns; AliasingError when it
 // is not a tensor.
 const at::Tensor& tensor_argument(
-    const AliasSite& site, c10::ArrayRef<OpValueRef> args);
+    const AliasSite& site,
+    c10::ArrayRef<OpValueRef> args);
 
 // Throws the AliasingError "<op>: return <i> <what>: <why>" unless
 // `output` (called `output_name` in <why>) may use the storage of the tensor
@@ -102,7 +103,9 @@ void check_storage_alias(
 
 // c10::Error unless there are as many arguments and returns as the schema has.
 void check_arity(
-    const SchemaAliasAnalysis& analysis, size_t num_args, size_t num_rets);
+    const SchemaAliasAnalysis& analysis,
+    size_t num_args,
+    size_t num_rets);
 
 // OpValueRefs over a stack's IValues; owns the element arrays of lists.
 class BorrowedIValues {
@@ -119,4 +122,4 @@ class BorrowedIValues {
   std::vector<std::vector<const at::Tensor*>> lists_;
 };
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

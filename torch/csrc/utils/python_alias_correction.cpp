@@ -20,13 +20,13 @@ namespace py = pybind11;
 namespace aliasguard::utils {
 namespace {
 
-PyObject* opt_out_attribute = nullptr;  // "__aliasguard_fixup__", interned
+PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
 std::atomic<bool> correction_enabled{true};
 
 bool opted_out(PyObject* owner) {
   PyTypeObject* type = PyType_Check(owner)
-                           ? reinterpret_cast<PyTypeObject*>(owner)
-                           : Py_TYPE(owner);
+      ? reinterpret_cast<PyTypeObject*>(owner)
+      : Py_TYPE(owner);
   // See Note [Class attribute lookup without descriptors]
   PyObject* flag = internals::lookup_class_attribute(type, opt_out_attribute);
   if (flag == nullptr || flag == Py_True) {
@@ -34,7 +34,7 @@ bool opted_out(PyObject* owner) {
   }
   const int is_false = PyObject_Not(flag);
   if (is_false < 0) {
-    PyErr_Clear();  // an unusable flag: keep correcting
+    PyErr_Clear(); // an unusable flag: keep correcting
     return false;
   }
   return is_false == 1;
@@ -42,7 +42,10 @@ bool opted_out(PyObject* owner) {
 
 // The Python object passed for schema argument `index`, or nullptr.
 PyObject* argument_object(
-    const PyOpEntry& entry, PyObject* args, PyObject* kwargs, size_t index) {
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    size_t index) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   if (!analysis.argument_is_kwarg_only(index) &&
       static_cast<Py_ssize_t>(index) < PySequence_Fast_GET_SIZE(args)) {
@@ -71,7 +74,7 @@ class BorrowedObjects {
       return borrow_sequence(obj);
     }
     if (!PyLong_Check(obj) &&
-        internals::is_tensor_object(obj)) {  // ints are common
+        internals::is_tensor_object(obj)) { // ints are common
       return OpValueRef(THPVariable_Unpack(obj));
     }
     return OpValueRef::other(Py_TYPE(obj)->tp_name);
@@ -86,10 +89,10 @@ class BorrowedObjects {
       const bool is_none = item == Py_None;
       if (!is_none &&
           (PyLong_Check(item) || !internals::is_tensor_object(item))) {
-        return OpValueRef::other(Py_TYPE(obj)->tp_name);  // e.g. a size list
+        return OpValueRef::other(Py_TYPE(obj)->tp_name); // e.g. a size list
       }
       if (tensors.empty()) {
-        tensors.reserve(size);  // only now: most lists are sizes
+        tensors.reserve(size); // only now: most lists are sizes
       }
       tensors.push_back(is_none ? nullptr : &THPVariable_Unpack(item));
     }
@@ -153,7 +156,7 @@ PyObject* correct_result(
     correct_aliasing_borrowed(analysis, arguments, results);
     for (size_t i = 0; i < num_returns; ++i) {
       if (returns[i].is_write()) {
-        results[i] = arguments[returns[i].argument];  // what we hand back
+        results[i] = arguments[returns[i].argument]; // what we hand back
       }
     }
   }
@@ -232,7 +235,7 @@ void check_args_kwargs(PyObject* args, PyObject* kwargs) {
   }
 }
 
-}  // namespace
+} // namespace
 
 PyObject* corrected_result(
     PyObject* owner,
@@ -241,7 +244,7 @@ PyObject* corrected_result(
     PyObject* kwargs,
     PyObject* out) {
   if (out == Py_NotImplemented) {
-    return Py_NewRef(out);  // the dispatcher will ask someone else
+    return Py_NewRef(out); // the dispatcher will ask someone else
   }
   const bool audit = is_alias_audit_enabled();
   const bool correct =
@@ -270,7 +273,9 @@ namespace {
 // _correct_aliasing(func, args, kwargs, out): the explicit call; corrects
 // whatever the global switch says.
 PyObject* explicit_correct_aliasing(
-    PyObject* /*module*/, PyObject* const* argv, Py_ssize_t argc) {
+    PyObject* /*module*/,
+    PyObject* const* argv,
+    Py_ssize_t argc) {
   if (argc != 4) {
     PyErr_Format(
         PyExc_TypeError,
@@ -308,7 +313,7 @@ PyMethodDef hot_methods[] = {
      "_correct_aliasing(func, args, kwargs, out) -> out, corrected"},
     {nullptr, nullptr, 0, nullptr}};
 
-}  // namespace
+} // namespace
 
 void init_alias_correction_bindings(py::module& m) {
   opt_out_attribute = PyUnicode_InternFromString("__aliasguard_fixup__");
@@ -326,4 +331,4 @@ void init_alias_correction_bindings(py::module& m) {
   m.def("_is_alias_audit_enabled", &is_alias_audit_enabled);
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -24,4 +24,4 @@ PyObject* corrected_result(
 // Registers _correct_aliasing and the correction/audit switches.
 void init_alias_correction_bindings(pybind11::module& m);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

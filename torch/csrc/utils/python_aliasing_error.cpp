@@ -22,7 +22,7 @@ namespace aliasguard::utils {
 
 namespace {
 
-PyObject* aliasing_error_type = nullptr;  // aliasguard.AliasingError
+PyObject* aliasing_error_type = nullptr; // aliasguard.AliasingError
 
 // Raises aliasguard.AliasingError (a RuntimeError) carrying the op, the
 // return index and the argument as attributes. Never throws.
@@ -30,16 +30,15 @@ void set_python_aliasing_error(const AliasingError& error) {
   PyObject* instance = PyObject_CallFunction(
       aliasing_error_type, "s", error.what_without_backtrace());
   if (instance == nullptr) {
-    return;  // the failed call set its own error
+    return; // the failed call set its own error
   }
   PyObject* op = PyUnicode_FromString(error.op().c_str());
   PyObject* return_index = PyLong_FromSize_t(error.return_index());
   PyObject* argument = error.argument().empty()
-                           ? Py_NewRef(Py_None)
-                           : PyUnicode_FromString(error.argument().c_str());
-  const bool ok =
-      op != nullptr && return_index != nullptr && argument != nullptr &&
-      PyObject_SetAttrString(instance, "op", op) == 0 &&
+      ? Py_NewRef(Py_None)
+      : PyUnicode_FromString(error.argument().c_str());
+  const bool ok = op != nullptr && return_index != nullptr &&
+      argument != nullptr && PyObject_SetAttrString(instance, "op", op) == 0 &&
       PyObject_SetAttrString(instance, "return_index", return_index) == 0 &&
       PyObject_SetAttrString(instance, "argument", argument) == 0;
   Py_XDECREF(op);
@@ -73,7 +72,7 @@ void set_python_error_from_c10(const c10::Error& error) {
     set_python_aliasing_error(error);
   }
   python_error python_exception;
-  python_exception.persist();  // may cross to the thread that ran backward()
+  python_exception.persist(); // may cross to the thread that ran backward()
   throw python_exception;
 }
 
@@ -88,7 +87,7 @@ void translate_for_pybind11(std::exception_ptr error) {
   }
 }
 
-}  // namespace
+} // namespace
 
 void set_python_error_from_current_exception() {
   try {
@@ -129,4 +128,4 @@ void init_aliasing_error(py::module& m) {
   set_alias_audit_error_reporter(&throw_python_aliasing_error);
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -32,4 +32,4 @@ PyObject* translate_errors(Body&& body) {
 // functions (the same path as translate_errors) and the audit's reporter.
 void init_aliasing_error(pybind11::module& m);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

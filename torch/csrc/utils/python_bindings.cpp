@@ -23,7 +23,9 @@ namespace aliasguard::utils {
 namespace {
 
 const at::Tensor& unpack_tensor(
-    py::handle obj, const char* function, const char* argument) {
+    py::handle obj,
+    const char* function,
+    const char* argument) {
   if (!THPVariable_Check(obj.ptr())) {
     throw py::type_error(
         std::string(function) + "(): " + argument + " must be a Tensor, got " +
@@ -97,8 +99,8 @@ std::vector<std::string> torch_internals_self_test() {
   return problems;
 }
 
-}  // namespace
-}  // namespace aliasguard::utils
+} // namespace
+} // namespace aliasguard::utils
 
 PYBIND11_MODULE(_C, m) {
   using namespace aliasguard;

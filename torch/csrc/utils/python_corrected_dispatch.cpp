@@ -10,7 +10,7 @@ namespace py = pybind11;
 namespace aliasguard::utils {
 namespace {
 
-PyObject* empty_tuple = nullptr;  // the default of a dispatch's `args`
+PyObject* empty_tuple = nullptr; // the default of a dispatch's `args`
 
 // Note [The corrected __torch_dispatch__ wrapper]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,7 +25,7 @@ PyObject* empty_tuple = nullptr;  // the default of a dispatch's `args`
 // receives no class.
 struct CorrectedDispatch {
   PyObject_HEAD PyObject* fn;
-  PyObject* owner;  // nullptr: the first argument is the owner
+  PyObject* owner; // nullptr: the first argument is the owner
   PyObject* dict;
   vectorcallfunc vectorcall;
 };
@@ -86,7 +86,9 @@ PyObject* corrected_dispatch_call(
 }
 
 PyObject* corrected_dispatch_new(
-    PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+    PyTypeObject* type,
+    PyObject* args,
+    PyObject* kwargs) {
   static const char* keywords[] = {"fn", "owner", nullptr};
   PyObject* fn = nullptr;
   PyObject* owner = nullptr;
@@ -142,7 +144,9 @@ void corrected_dispatch_dealloc(PyObject* obj) {
 
 // Binds like a function: a method of its instance, itself on the class.
 PyObject* corrected_dispatch_get(
-    PyObject* self, PyObject* obj, PyObject* /*type*/) {
+    PyObject* self,
+    PyObject* obj,
+    PyObject* /*type*/) {
   if (obj == nullptr || obj == Py_None) {
     return Py_NewRef(self);
   }
@@ -180,7 +184,7 @@ void init_corrected_dispatch_type() {
   type.tp_name = "aliasguard._C._CorrectedDispatch";
   type.tp_basicsize = sizeof(CorrectedDispatch);
   type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
-                  Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
+      Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
   type.tp_doc =
       "_CorrectedDispatch(fn, owner=None): calls fn, then corrects the "
       "aliasing of its result (see aliasguard.correct_aliasing).";
@@ -200,7 +204,7 @@ void init_corrected_dispatch_type() {
   }
 }
 
-}  // namespace
+} // namespace
 
 void init_corrected_dispatch(py::module& m) {
   empty_tuple = PyTuple_New(0);
@@ -213,4 +217,4 @@ void init_corrected_dispatch(py::module& m) {
       py::handle(reinterpret_cast<PyObject*>(&CorrectedDispatchType)));
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -9,4 +9,4 @@ namespace aliasguard::utils {
 
 void init_corrected_dispatch(pybind11::module& m);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -25,7 +25,7 @@ struct PyOpCache {
   std::unordered_map<PyObject*, std::unique_ptr<const PyOpEntry>> entries;
   std::vector<std::unique_ptr<const PyOpEntry>> retired;
   uint64_t generation = 0;
-  int running = 0;  // corrections in progress, re-entrant through Python
+  int running = 0; // corrections in progress, re-entrant through Python
 };
 
 PyOpCache& py_op_cache() {
@@ -33,7 +33,7 @@ PyOpCache& py_op_cache() {
   return *cache;
 }
 
-}  // namespace
+} // namespace
 
 RunningCorrection::RunningCorrection() {
   ++py_op_cache().running;
@@ -89,4 +89,4 @@ const PyOpEntry& op_entry(PyObject* func) {
   return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

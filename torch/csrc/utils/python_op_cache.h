@@ -14,7 +14,7 @@
 namespace aliasguard::utils {
 
 struct PyOpEntry {
-  pybind11::object func;  // keeps the key's address from being reused
+  pybind11::object func; // keeps the key's address from being reused
   // nullptr: not a dispatcher operator (a higher-order op, say).
   std::shared_ptr<const SchemaAliasAnalysis> analysis;
   // The schema's argument names, interned, for kwargs lookups.
@@ -39,4 +39,4 @@ class RunningCorrection {
   RunningCorrection& operator=(const RunningCorrection&) = delete;
 };
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -16,7 +16,8 @@ namespace {
 
 // One return: (kind, argument index or None, argument name or None, is_list).
 py::tuple return_tuple(
-    const SchemaAliasAnalysis& analysis, const ReturnAlias& alias) {
+    const SchemaAliasAnalysis& analysis,
+    const ReturnAlias& alias) {
   py::object argument = py::none();
   py::object argument_name = py::none();
   if (alias.aliases_argument()) {
@@ -31,7 +32,8 @@ py::tuple return_tuple(
 }
 
 py::list schema_alias_info(
-    const std::string& name, const std::string& overload) {
+    const std::string& name,
+    const std::string& overload) {
   const auto analysis =
       schema_alias_analysis(c10::OperatorName(name, overload));
   if (!analysis) {
@@ -57,7 +59,7 @@ struct OpAliasInfo {
 };
 
 py::object op_alias_info(py::handle op) {
-  const RunningCorrection running;  // keeps `entry` valid
+  const RunningCorrection running; // keeps `entry` valid
   const PyOpEntry& entry = op_entry(op.ptr());
   if (!entry.analysis) {
     return py::none();
@@ -83,7 +85,7 @@ py::object op_alias_info(py::handle op) {
   return py::cast(std::move(info));
 }
 
-}  // namespace
+} // namespace
 
 void init_schema_alias_analysis_bindings(py::module& m) {
   py::class_<OpAliasInfo>(
@@ -108,4 +110,4 @@ void init_schema_alias_analysis_bindings(py::module& m) {
   m.def("_op_alias_info", &op_alias_info, py::arg("op"));
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -9,4 +9,4 @@ namespace aliasguard::utils {
 
 void init_schema_alias_analysis_bindings(pybind11::module& m);
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -61,4 +61,4 @@ std::vector<std::string> python_torch_internals_self_test() {
   return problems;
 }
 
-}  // namespace aliasguard::internals
+} // namespace aliasguard::internals

@@ -57,4 +57,4 @@ std::optional<c10::OperatorName> operator_name_of(PyObject* func);
 // One line per internal above that no longer behaves as relied on.
 std::vector<std::string> python_torch_internals_self_test();
 
-}  // namespace aliasguard::internals
+} // namespace aliasguard::internals

@@ -84,7 +84,8 @@ bool argument_in_set(const c10::Argument& argument, c10::Symbol set) {
 }
 
 ReturnAlias classify_return(
-    const c10::FunctionSchema& schema, const c10::Argument& ret) {
+    const c10::FunctionSchema& schema,
+    const c10::Argument& ret) {
   ReturnAlias result;
   result.annotated = ret.alias_info() != nullptr;
   result.annotated_write = annotation_writes(ret.alias_info());
@@ -94,8 +95,8 @@ ReturnAlias classify_return(
     // A non-tensor return with an annotation (a Generator(a!)) is not ours
     // to reason about; an unannotated one is simply fresh.
     result.kind = (shape == TensorShape::kNone && ret.alias_info() != nullptr)
-                      ? ReturnAliasKind::kUnknown
-                      : ReturnAliasKind::kFresh;
+        ? ReturnAliasKind::kUnknown
+        : ReturnAliasKind::kFresh;
     return result;
   }
   result.kind = ReturnAliasKind::kUnknown;
@@ -111,7 +112,7 @@ ReturnAlias classify_return(
       continue;
     }
     if (owner.has_value()) {
-      return result;  // two arguments in one set: which one is unknowable
+      return result; // two arguments in one set: which one is unknowable
     }
     owner = i;
   }
@@ -204,7 +205,7 @@ AnalysisCache& analysis_cache() {
   return *cache;
 }
 
-}  // namespace
+} // namespace
 
 const char* return_alias_kind_name(ReturnAliasKind kind) {
   switch (kind) {
@@ -278,4 +279,4 @@ uint64_t schema_alias_analysis_generation() {
   return analysis_cache().generation();
 }
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -13,7 +13,7 @@ namespace c10 {
 struct FunctionSchema;
 struct OperatorName;
 class OperatorHandle;
-}  // namespace c10
+} // namespace c10
 
 // What an operator's schema promises about the aliasing of its returns, read
 // once per operator from the alias annotations. See
@@ -35,10 +35,10 @@ namespace aliasguard::utils {
 // `aten::to.prim_dtype`) or a set no single argument owns say "may alias",
 // which can be neither corrected nor checked: those returns are kUnknown.
 enum class ReturnAliasKind : uint8_t {
-  kFresh,    // `Tensor`: memory of its own
-  kView,     // `Tensor(a)`: aliases one argument, read-only
-  kWrite,    // `Tensor(a!)`: is one argument, which the op wrote
-  kUnknown,  // may alias something the schema does not pin down
+  kFresh, // `Tensor`: memory of its own
+  kView, // `Tensor(a)`: aliases one argument, read-only
+  kWrite, // `Tensor(a!)`: is one argument, which the op wrote
+  kUnknown, // may alias something the schema does not pin down
 };
 
 ALIASGUARD_API const char* return_alias_kind_name(ReturnAliasKind kind);
@@ -142,4 +142,4 @@ ALIASGUARD_API std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
 // Python bindings key by OpOverload object) flush when it changes.
 ALIASGUARD_API uint64_t schema_alias_analysis_generation();
 
-}  // namespace aliasguard::utils
+} // namespace aliasguard::utils

@@ -50,7 +50,7 @@ void check_version_counter_identity(std::vector<std::string>& problems) {
   }
   // A copy of a VariableVersion shares its counter: same identity.
   const c10::VariableVersion copy =
-      va;  // NOLINT(performance-unnecessary-copy-initialization)
+      va; // NOLINT(performance-unnecessary-copy-initialization)
   if (version_counter_identity(copy) != version_counter_identity(va)) {
     problems.push_back(
         std::string(name) + ": a copied counter has another identity");
@@ -71,7 +71,7 @@ void check_audit_key(std::vector<std::string>& problems) {
 // The attr_version trick must make autograd build an as_strided grad_fn.
 void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
   if (c10::InferenceMode::is_enabled()) {
-    return;  // no autograd to check (imported under inference_mode)
+    return; // no autograd to check (imported under inference_mode)
   }
   const c10::AutoGradMode grad_mode(true);
   try {
@@ -105,7 +105,7 @@ void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
   }
 }
 
-}  // namespace
+} // namespace
 
 std::vector<std::string> torch_internals_self_test() {
   std::vector<std::string> problems;
@@ -115,4 +115,4 @@ std::vector<std::string> torch_internals_self_test() {
   return problems;
 }
 
-}  // namespace aliasguard::internals
+} // namespace aliasguard::internals

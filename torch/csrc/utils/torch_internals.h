@@ -77,4 +77,4 @@ ALIASGUARD_API void mark_view_grad_fn_stale(const at::Tensor& tensor);
 // empty when all hold.
 ALIASGUARD_API std::vector<std::string> torch_internals_self_test();
 
-}  // namespace aliasguard::internals
+} // namespace aliasguard::internals

@@ -45,5 +45,5 @@ ALIASGUARD_REGISTER_DETACH(MPS)
 
 #undef ALIASGUARD_REGISTER_DETACH
 
-}  // namespace
-}  // namespace aliasguard::native
+} // namespace
+} // namespace aliasguard::native

@@ -9,4 +9,4 @@ namespace aliasguard::native {
 // library loads. See Note [Detach below autograd keeps the version counter].
 ALIASGUARD_API at::Tensor detach_keep_version_counter(const at::Tensor& self);
 
-}  // namespace aliasguard::native
+} // namespace aliasguard::native
