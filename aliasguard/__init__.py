@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from aliasguard import _C
+from aliasguard._loader import load_extension
+
+# Checks the build first. See Note [Refuse a build for another torch].
+_C = load_extension()
+
 from aliasguard._views import mark_as_view, shares_version_counter, track_views
 
 __version__ = "0.1.0"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Checks the system packages a step needs, and installs the missing ones from
+# Debian when it can (root, or password-less sudo). Otherwise it stops and
+# names them.
+#   tools/check_system_deps.sh build   compiler, Python headers, venv
+#   tools/check_system_deps.sh test    + GoogleTest
+#   tools/check_system_deps.sh bench   + Google Benchmark
+set -euo pipefail
+step="${1:-build}"
+python="${PYTHON_BOOTSTRAP:-python3}"
+missing=()
+
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
+# Python.h for the extension module, and the venv module for .venv.
+if ! "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+  missing+=(python3-dev)
+fi
+"$python" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+case "$step" in
+  build) ;;
+  test) [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev) ;;
+  bench) [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev) ;;
+  *) echo "usage: $0 build|test|bench" >&2; exit 2 ;;
+esac
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" = 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  sudo=(sudo -n)
+else
+  echo "aliasguard: \`make $step\` needs these Debian packages, which are not installed:" >&2
+  echo "    ${missing[*]}" >&2
+  echo "Install them as root (no root or sudo here), then run make again:" >&2
+  echo "    apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "Installing ${missing[*]} from Debian"
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
