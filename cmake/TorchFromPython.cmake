@@ -46,9 +46,10 @@ print(torch.version.cuda or "")
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 
 if(NOT _ag_rc EQUAL 0)
+  string(STRIP "${_ag_err}" _ag_err)
   message(FATAL_ERROR
     "aliasguard builds against the torch installed for ${Python_EXECUTABLE}, "
-    "but that interpreter cannot import torch:\n  ${_ag_err}\n"
+    "but that interpreter cannot import torch:\n  ${_ag_err}\n\n"
     "Install torch (2.13 or 2.14) for this interpreter first, then build with:\n"
     "  pip install scikit-build-core cmake ninja\n"
     "  pip install --no-build-isolation .\n"

@@ -145,3 +145,42 @@ def test_package_metadata() -> None:
     assert meta["requires-python"] == ">=3.10"
     assert meta["license"] == "BSD-3-Clause"
     assert (REPO_ROOT / "LICENSE").read_text().startswith("BSD 3-Clause License")
+
+
+def _check_system_deps(step: str, include_dir: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        ALIASGUARD_SYSTEM_INCLUDE_DIR=str(include_dir),
+        ALIASGUARD_INSTALL_SYSTEM_DEPS="0",
+        PYTHON_BOOTSTRAP=sys.executable,
+    )
+    return subprocess.run(
+        [str(REPO_ROOT / "tools" / "check_system_deps.sh"), step],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("step", "package", "header"),
+    [("test", "libgtest-dev", "gtest/gtest.h"), ("bench", "libbenchmark-dev", "benchmark/benchmark.h")],
+)
+def test_missing_system_packages_are_named(
+    tmp_path: pathlib.Path, step: str, package: str, header: str
+) -> None:
+    # Without the headers, the step stops and names the exact Debian package.
+    result = _check_system_deps(step, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"`make {step}` needs these Debian packages" in result.stderr
+    assert f"    apt-get install {package}\n" in result.stderr
+    other = {"libgtest-dev", "libbenchmark-dev"} - {package}
+    assert not any(o in result.stderr for o in other)
+    # `make build` / `make demo` need neither.
+    assert _check_system_deps("build", tmp_path).returncode == 0
+    # With the header there, the step goes ahead.
+    (tmp_path / header).parent.mkdir(parents=True)
+    (tmp_path / header).write_text("")
+    result = _check_system_deps(step, tmp_path)
+    assert result.returncode == 0, result.stderr
