@@ -67,16 +67,15 @@ bench: setup
 
 # The whole suite against another torch, e.g. `make test-torch TORCH=2.14.1`:
 # its own venv (.venv-torch-$(TORCH)) and its own build folder
-# (build-torch-$(TORCH)), which holds a copy of this working tree (tracked and
-# untracked, not ignored files), because the build puts its libraries into the
-# package folder and the default build's must stay untouched. The copy keeps
-# modification times, so a rerun rebuilds only what changed.
+# (build-torch-$(TORCH)), which holds a mirror of this working tree (tracked
+# and untracked, not ignored files), because the build puts its libraries into
+# the package folder and the default build's must stay untouched. The mirror
+# keeps modification times, so a rerun rebuilds only what changed.
 TORCH ?=
 MATRIX := build-torch-$(TORCH)
 test-torch:
 	@if [ -z "$(TORCH)" ]; then echo "usage: make test-torch TORCH=<torch version, e.g. 2.14.1>" >&2; exit 2; fi
-	mkdir -p $(MATRIX)/src
-	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xpf - -C $(MATRIX)/src
+	tools/mirror_worktree.sh $(MATRIX)/src
 	env -u PYTHONPATH $(MAKE) -C $(MATRIX)/src test VENV=$(CURDIR)/.venv-torch-$(TORCH) \
 	  TORCH_REQUIREMENT="torch==$(TORCH) -r requirements-test.txt"
 
