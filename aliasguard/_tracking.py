@@ -20,7 +20,7 @@ what hands tracked views back to autograd.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar, cast
 
 from aliasguard import _C
 
@@ -63,4 +63,4 @@ def with_tracking(op: Callable[..., R]) -> Callable[..., R]:
     tracked = functools.partial(_C._call_tracked, op)
     tracked.__wrapped__ = op  # type: ignore[attr-defined]
     tracked.__doc__ = getattr(op, "__doc__", None)
-    return tracked
+    return cast(Callable[..., R], tracked)

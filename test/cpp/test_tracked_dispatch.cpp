@@ -17,15 +17,15 @@
 
 namespace {
 
-using torch::utils::AliasingError;
-using torch::utils::CorrectionOptions;
-using torch::utils::OpValueRef;
+using aliasguard::utils::AliasingError;
+using aliasguard::utils::CorrectionOptions;
+using aliasguard::utils::OpValueRef;
 
 TEST(WrittenVersions, RewindSetsBackOnlyWhatMovedForward) {
   at::Tensor written = at::ones({2});
   at::Tensor untouched = at::ones({2});
   const auto untouched_before = untouched._version();
-  c10::WrittenVersions versions;
+  aliasguard::WrittenVersions versions;
   versions.remember(*written.unsafeGetTensorImpl());
   versions.remember(*untouched.unsafeGetTensorImpl());
   const auto before = written._version();
@@ -44,7 +44,7 @@ TEST(WrittenVersions, BumpUnmovedCountsAWriteNobodyCounted) {
   at::Tensor unmoved = at::ones({2});
   const auto moved_before = moved._version();
   const auto unmoved_before = unmoved._version();
-  c10::WrittenVersions versions;
+  aliasguard::WrittenVersions versions;
   versions.remember(*moved.unsafeGetTensorImpl());
   versions.remember(*unmoved.unsafeGetTensorImpl());
   moved.add_(1);
@@ -59,7 +59,7 @@ TEST(WrittenVersions, InferenceTensorsAreSkipped) {
     c10::InferenceMode guard;
     inference = at::ones({2});
   }
-  c10::WrittenVersions versions;
+  aliasguard::WrittenVersions versions;
   versions.remember(*inference.unsafeGetTensorImpl());
   EXPECT_TRUE(versions.empty());
   versions.rewind();
@@ -67,16 +67,19 @@ TEST(WrittenVersions, InferenceTensorsAreSkipped) {
 }
 
 std::vector<size_t> written_arguments(const char* name, const char* overload) {
-  const auto analysis =
-      torch::utils::schema_alias_analysis(c10::OperatorName(name, overload));
+  const auto analysis = aliasguard::utils::schema_alias_analysis(
+      c10::OperatorName(name, overload));
   EXPECT_NE(analysis, nullptr) << name;
   return analysis ? analysis->written_arguments() : std::vector<size_t>{};
 }
 
 TEST(SchemaAliasAnalysis, WrittenArgumentsReturnedOrNot) {
-  EXPECT_EQ(written_arguments("aten::add_", "Tensor"), (std::vector<size_t>{0}));
+  EXPECT_EQ(
+      written_arguments("aten::add_", "Tensor"), (std::vector<size_t>{0}));
   EXPECT_EQ(written_arguments("aten::add", "out"), (std::vector<size_t>{3}));
-  EXPECT_EQ(written_arguments("aten::_foreach_add_", "Scalar"), (std::vector<size_t>{0}));
+  EXPECT_EQ(
+      written_arguments("aten::_foreach_add_", "Scalar"),
+      (std::vector<size_t>{0}));
   // running_mean, running_var: written, not returned.
   EXPECT_EQ(
       written_arguments("aten::_native_batch_norm_legit", ""),
@@ -85,9 +88,14 @@ TEST(SchemaAliasAnalysis, WrittenArgumentsReturnedOrNot) {
   EXPECT_TRUE(written_arguments("aten::view", "").empty());
 }
 
-const torch::utils::SchemaAliasAnalysis& analysis_of(const char* name, const char* overload) {
-  static std::vector<std::shared_ptr<const torch::utils::SchemaAliasAnalysis>> keep;
-  keep.push_back(torch::utils::schema_alias_analysis(c10::OperatorName(name, overload)));
+const aliasguard::utils::SchemaAliasAnalysis& analysis_of(
+    const char* name,
+    const char* overload) {
+  static std::vector<
+      std::shared_ptr<const aliasguard::utils::SchemaAliasAnalysis>>
+      keep;
+  keep.push_back(aliasguard::utils::schema_alias_analysis(
+      c10::OperatorName(name, overload)));
   return *keep.back();
 }
 
@@ -104,11 +112,11 @@ TEST(ViewMetadataBelowAutograd, ViewOfTheInputIsHandedBackWithoutMetadata) {
   const c10::IValue size(std::vector<int64_t>{2, 2});
   const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("list")};
   const std::vector<OpValueRef> rets{OpValueRef(out)};
-  torch::utils::correct_aliasing_borrowed(
+  aliasguard::utils::correct_aliasing_borrowed(
       analysis_of("aten::view", ""), args, rets, below_a_view_kernel());
   EXPECT_FALSE(out.is_view());
   EXPECT_EQ(out.unsafeGetTensorImpl()->autograd_meta(), nullptr);
-  EXPECT_TRUE(c10::shares_version_counter(
+  EXPECT_TRUE(aliasguard::shares_version_counter(
       *out.unsafeGetTensorImpl(), *x.unsafeGetTensorImpl()));
   EXPECT_TRUE(out.storage().is_alias_of(x.storage()));
 }
@@ -118,7 +126,8 @@ TEST(ViewMetadataBelowAutograd, LeftAloneWithoutAnOuterKernel) {
   at::Tensor out = x.view({2, 2});
   const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("list")};
   const std::vector<OpValueRef> rets{OpValueRef(out)};
-  torch::utils::correct_aliasing_borrowed(analysis_of("aten::view", ""), args, rets);
+  aliasguard::utils::correct_aliasing_borrowed(
+      analysis_of("aten::view", ""), args, rets);
   EXPECT_TRUE(out.is_view());
 }
 
@@ -131,17 +140,19 @@ TEST(ViewMetadataBelowAutograd, ViewOfAnotherTensorIsAnErrorAndChangesNothing) {
   const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("list")};
   const std::vector<OpValueRef> rets{OpValueRef(out)};
   try {
-    torch::utils::correct_aliasing_borrowed(
+    aliasguard::utils::correct_aliasing_borrowed(
         analysis_of("aten::view", ""), args, rets, below_a_view_kernel());
     FAIL() << "expected AliasingError";
   } catch (const AliasingError& error) {
     EXPECT_EQ(error.op(), "aten::view");
     EXPECT_EQ(error.return_index(), 0u);
     EXPECT_EQ(error.argument(), "self");
-    EXPECT_NE(std::string(error.what()).find("view of another tensor"), std::string::npos);
+    EXPECT_NE(
+        std::string(error.what()).find("view of another tensor"),
+        std::string::npos);
   }
   EXPECT_TRUE(out.is_view());
-  EXPECT_TRUE(c10::shares_version_counter(
+  EXPECT_TRUE(aliasguard::shares_version_counter(
       *out.unsafeGetTensorImpl(), *other.unsafeGetTensorImpl()));
 }
 
@@ -149,13 +160,14 @@ TEST(ViewMetadataBelowAutograd, ListElementsAreEachHandedBack) {
   at::Tensor x = at::randn({4});
   std::vector<at::Tensor> pieces = x.split(2);
   const std::vector<const at::Tensor*> elements{&pieces[0], &pieces[1]};
-  const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("int"), OpValueRef::other("int")};
+  const std::vector<OpValueRef> args{
+      OpValueRef(x), OpValueRef::other("int"), OpValueRef::other("int")};
   const std::vector<OpValueRef> rets{OpValueRef::list(elements)};
-  torch::utils::correct_aliasing_borrowed(
+  aliasguard::utils::correct_aliasing_borrowed(
       analysis_of("aten::split", "Tensor"), args, rets, below_a_view_kernel());
   for (const at::Tensor& piece : pieces) {
     EXPECT_FALSE(piece.is_view());
-    EXPECT_TRUE(c10::shares_version_counter(
+    EXPECT_TRUE(aliasguard::shares_version_counter(
         *piece.unsafeGetTensorImpl(), *x.unsafeGetTensorImpl()));
   }
 }
@@ -169,11 +181,13 @@ TEST(ViewMetadataBelowAutograd, MaybeViewOpsMayAnswerWithACopy) {
     args.push_back(i == 0 ? OpValueRef(x) : OpValueRef::other("bool"));
   }
   const std::vector<OpValueRef> rets{OpValueRef(copy)};
-  EXPECT_THROW(torch::utils::correct_aliasing_borrowed(to, args, rets), AliasingError);
+  EXPECT_THROW(
+      aliasguard::utils::correct_aliasing_borrowed(to, args, rets),
+      AliasingError);
   CorrectionOptions options;
   options.view_may_be_a_copy = true;
-  torch::utils::correct_aliasing_borrowed(to, args, rets, options);
-  EXPECT_FALSE(c10::shares_version_counter(
+  aliasguard::utils::correct_aliasing_borrowed(to, args, rets, options);
+  EXPECT_FALSE(aliasguard::shares_version_counter(
       *copy.unsafeGetTensorImpl(), *x.unsafeGetTensorImpl()));
 }
 
