@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/VersionCounterUtils.h>
 #include <torch/csrc/utils/alias_correction.h>
@@ -129,6 +130,19 @@ TEST(ViewMetadataBelowAutograd, LeftAloneWithoutAnOuterKernel) {
   aliasguard::utils::correct_aliasing_borrowed(
       analysis_of("aten::view", ""), args, rets);
   EXPECT_TRUE(out.is_view());
+}
+
+TEST(ViewMetadataBelowAutograd, ViewWithAGradFnKeepsItsMetadata) {
+  const c10::AutoGradMode grad_mode(true);
+  at::Tensor x = at::randn({4}).set_requires_grad(true);
+  at::Tensor out = x.view({2, 2}); // made above autograd: ViewBackward
+  ASSERT_NE(out.grad_fn(), nullptr);
+  const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("list")};
+  const std::vector<OpValueRef> rets{OpValueRef(out)};
+  aliasguard::utils::correct_aliasing_borrowed(
+      analysis_of("aten::view", ""), args, rets, below_a_view_kernel());
+  EXPECT_TRUE(out.is_view());
+  EXPECT_NE(out.grad_fn(), nullptr);
 }
 
 TEST(ViewMetadataBelowAutograd, ViewOfAnotherTensorIsAnErrorAndChangesNothing) {

@@ -370,6 +370,20 @@ def test_view_of_another_tensor_is_an_aliasing_error():
         assert other._version == version and not other._is_view()
 
 
+def test_view_made_above_autograd_keeps_its_graph_and_stock_error():
+    x = torch.randn(4, requires_grad=True)
+    cached = x.view(2, 2)  # a top-level view: it has a grad_fn
+    grad_fn = cached.grad_fn
+
+    class CachedViewMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return cached if func is aten.view.default else func(*args, **(kwargs or {}))
+
+    with pytest.raises(RuntimeError, match="already had autograd metadata"), CachedViewMode():
+        x.view(2, 2)
+    assert cached.grad_fn is grad_fn and cached._base is x
+
+
 def test_stock_error_for_a_view_with_metadata_is_gone_in_opted_out_classes_too():
     class ManualTracking(TorchDispatchMode):
         __aliasguard_track_views__ = False

@@ -58,7 +58,9 @@ namespace aliasguard::utils {
 // the op's own view_fn). So the metadata made below is checked, then dropped,
 // and the kernel marks the tensor afresh (CorrectionOptions::
 // outer_kernel_marks_views says it will):
-//   * a view whose version counter is its input's is a view of the input's
+//   * a view made below autograd (no grad_fn: one made above belongs to a
+//     graph and keeps its metadata, so stock's error stays) whose version
+//     counter is its input's is a view of the input's
 //     alias group: dropping its metadata keeps storage, geometry and counter,
 //     and the kernel makes it a view of the input again, with the same _base.
 //     It stays the same tensor object, so a body that kept the view it

@@ -44,7 +44,9 @@ AutogradMetaKind autograd_meta_kind(const at::TensorBase& tensor) {
   const auto& meta =
       static_cast<const torch::autograd::AutogradMeta&>(*interface);
   if (meta.is_view_) {
-    return AutogradMetaKind::kView;
+    // A view with a grad_fn was made (or used) above autograd: it belongs to
+    // a graph, and its metadata is not ours to drop.
+    return meta.grad_fn_ ? AutogradMetaKind::kOther : AutogradMetaKind::kView;
   }
   const bool bare_leaf = meta.requires_grad_ && !meta.grad_fn_ &&
       !meta.grad_.defined() && meta.hooks_.empty() &&
@@ -65,14 +67,16 @@ void check_autograd_meta_kind(std::vector<std::string>& problems) {
   const at::Tensor leaf = at::zeros({2}).set_requires_grad(true);
   const at::Tensor view = plain.view({2});
   const at::Tensor with_grad_fn = leaf * 2;
+  const at::Tensor view_with_grad_fn = leaf.view({2});
   if (autograd_meta_kind(plain) != AutogradMetaKind::kNone ||
       autograd_meta_kind(leaf) != AutogradMetaKind::kBareRequiresGradLeaf ||
       autograd_meta_kind(view) != AutogradMetaKind::kView ||
-      autograd_meta_kind(with_grad_fn) != AutogradMetaKind::kOther) {
+      autograd_meta_kind(with_grad_fn) != AutogradMetaKind::kOther ||
+      autograd_meta_kind(view_with_grad_fn) != AutogradMetaKind::kOther) {
     problems.push_back(
         std::string(name) +
-        ": a plain tensor, a leaf, a view and a result with a grad_fn are not "
-        "told apart");
+        ": a plain tensor, a leaf, views with and without a grad_fn and a "
+        "result with a grad_fn are not told apart");
   }
 }
 

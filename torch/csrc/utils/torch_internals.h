@@ -86,9 +86,9 @@ ALIASGUARD_API void mark_view_grad_fn_stale(const at::Tensor& tensor);
 // it would make the question moot.
 enum class AutogradMetaKind {
   kNone, // no autograd metadata at all
-  kView, // DifferentiableViewMeta: a view made with ADInplaceOrView enabled
+  kView, // view metadata and no grad_fn: a view made below autograd
   kBareRequiresGradLeaf, // requires_grad_ set; no grad, grad_fn or hook
-  kOther, // anything else (a grad, a grad_fn, hooks, retains_grad)
+  kOther, // anything else (a grad_fn, a grad, hooks, retains_grad)
 };
 ALIASGUARD_API AutogradMetaKind
 autograd_meta_kind(const at::TensorBase& tensor);
