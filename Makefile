@@ -11,7 +11,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: setup build demo test test-cpp test-python bench clean
+.PHONY: setup build demo test test-cpp test-python bench clean sanitize
 
 setup: $(VENV)/.ready /usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h
 
@@ -44,5 +44,19 @@ test: test-cpp test-python
 bench: build
 	$(PY) bench/run_benchmarks.py
 
+# The C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer, in their
+# own build directory (see ALIASGUARD_SANITIZE in CMakeLists.txt). libtorch
+# keeps allocations alive until exit by design: leak detection is off.
+SANITIZE_BUILD := build-sanitize
+SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+sanitize: setup
+	test -f $(SANITIZE_BUILD)/build.ninja || cmake -S . -B $(SANITIZE_BUILD) -G Ninja \
+		-DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DALIASGUARD_SANITIZE=ON -DALIASGUARD_BUILD_BENCH=OFF
+	$(SANITIZER_ENV) flock /tmp/aliasguard-build.lock cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+	cd $(SANITIZE_BUILD) && $(SANITIZER_ENV) ctest --output-on-failure -j $(JOBS)
+
 clean:
-	rm -rf $(BUILD) aliasguard/*.so
+	rm -rf $(BUILD) $(SANITIZE_BUILD) aliasguard/*.so

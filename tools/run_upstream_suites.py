@@ -122,7 +122,7 @@ def run_mode(
     log.write_text(output)
     summary = ""
     for line in reversed(output.splitlines()):
-        if re.search(r"\b(passed|failed|error|errors|skipped|no tests ran)\b", line):
+        if re.search(r"\d+ (passed|failed|error|errors|skipped)\b|no tests ran", line):
             summary = line.strip("= ").strip()
             break
     results = parse_junit(junit) if junit.exists() else {}
