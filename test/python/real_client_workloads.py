@@ -51,18 +51,32 @@ def two_tensor_training():
 
 
 def logging_tensor_training():
-    from torch.testing._internal.logging_tensor import LoggingTensor
+    from torch.testing._internal.logging_tensor import LoggingTensor, capture_logs
 
-    torch.manual_seed(0)
-    w = LoggingTensor(torch.randn(6, 5), requires_grad=True)
-    x = LoggingTensor(torch.randn(2, 6))
-    h = x @ w
-    v = h.view(10).narrow(0, 2, 6)
-    y = (v.tanh() * 2).sum()
-    y.backward()
-    with torch.no_grad():
-        w.sub_(0.1 * w.grad)
-    return {"y": _plain(y), "grad": _plain(w.grad), "w": _plain(w)}
+    import logging
+
+    # LoggingTensor's records can only be formatted by capture_logs' handler;
+    # once any capture_logs block has run, its logger stays at INFO and any
+    # other handler (pytest's log capture) fails on them. Keep them to ourselves.
+    logger = logging.getLogger("LoggingTensor")
+    saved = logger.propagate, logger.level, logger.handlers[:]
+    logger.propagate = False
+    logger.handlers.clear()
+    try:
+        with capture_logs() as logs:
+            torch.manual_seed(0)
+            w = LoggingTensor(torch.randn(6, 5), requires_grad=True)
+            x = LoggingTensor(torch.randn(2, 6))
+            h = x @ w
+            v = h.view(10).narrow(0, 2, 6)
+            y = (v.tanh() * 2).sum()
+            y.backward()
+            with torch.no_grad():
+                w.sub_(0.1 * w.grad)
+    finally:
+        logger.propagate, logger.level, logger.handlers[:] = saved
+    ops = torch.tensor([len(logs)])
+    return {"y": _plain(y), "grad": _plain(w.grad), "w": _plain(w), "ops_logged": ops}
 
 
 def nested_jagged_training():
