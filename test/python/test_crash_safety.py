@@ -7,8 +7,9 @@ test instead of killing the run. Each test asserts that the child exited
 normally, that the bad request was refused with a clear error naming the
 problem, and that the tensors involved were left as they were.
 
-Cases whose fix has not landed yet are ``xfail(strict=True)``: they flip to
-failures once fixed, and the fix removes the marker.
+All of them are fixed (the one may-alias check in
+``torch/csrc/autograd/storage_alias.cpp``); a case whose fix has not landed
+would be ``xfail(strict=True)`` here.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ def _refused(result, exc_types: tuple[str, ...], pattern: str) -> None:
     assert "UNCHANGED" in result.stdout, result.describe()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: mark_as_view(alias_storage=True) with a placeholder-storage base segfaults")
 def test_alias_storage_from_placeholder_base_is_refused():
     result = run_snippet(PRELUDE + """
 t = torch.zeros(1000)
@@ -78,8 +78,9 @@ print("sum", t.sum().item())   # crashed here: the dense tensor had the wrapper'
     _refused(result, ("RuntimeError",), r"storage|placeholder|wrapper|data")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: alias_storage=True bounds check overflows int64 with stride 2**62")
 def test_alias_storage_geometry_overflow_is_refused():
+    # Only an accepted wrapper is read: a refused one keeps its placeholder
+    # storage, and reading a wrapper's placeholder crashes stock PyTorch too.
     result = run_snippet(PRELUDE + """
 base = torch.zeros(4)                       # 16 bytes
 w = W((2,), strides=(2**62,))
@@ -87,16 +88,15 @@ sizes, strides = w.shape, w.stride()
 try:
     torch.mark_as_view(w, base, alias_storage=True)
     print("ACCEPTED")
+    print("read", read_all(w))              # reads 2**62 elements past a 16-byte storage
 except Exception as e:
     report(e)
 if w.shape == sizes and w.stride() == strides and not w._is_view():
     print("UNCHANGED")
-print("read", read_all(w))                  # reads 2**62 elements past a 16-byte storage
 """)
     _refused(result, ("RuntimeError",), r"storage|bound|overflow|size|reach")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: correction gives a (1<<24,) wrapper a 16-byte input storage without a bounds check")
 def test_correction_refuses_view_wrapper_larger_than_input_storage():
     result = run_snippet(PRELUDE + """
 class BigViewMode(TorchDispatchMode):
@@ -121,7 +121,6 @@ if x._version == version_before and x.tolist() == [0.0, 1.0, 2.0, 3.0]:
     _refused(result, ("AliasingError", "RuntimeError"), r"aten::view|storage|bound|size")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: explicit correct_aliasing gives a (1<<24,) wrapper a 16-byte storage")
 def test_explicit_correct_aliasing_refuses_oversized_view():
     result = run_snippet(PRELUDE + """
 x = torch.arange(4.0)
@@ -138,7 +137,6 @@ if x.tolist() == [0.0, 1.0, 2.0, 3.0] and out.shape == (1 << 24,):
     _refused(result, ("AliasingError", "RuntimeError"), r"aten::view|storage|bound|size")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: float64 tensor over a float32 base accepted as a differentiable view")
 def test_differentiable_view_across_dtypes_is_refused():
     result = run_snippet(PRELUDE + """
 base = torch.zeros(4, requires_grad=True)
@@ -171,7 +169,6 @@ print("shared", aliasguard.shares_version_counter(u, base), base._version)
     assert "shared True 1" in result.stdout, result.describe()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: wrapper marked as a view of a sparse base gives the sparse leaf a dense grad")
 def test_view_of_sparse_base_is_refused():
     result = run_snippet(PRELUDE + """
 i = torch.tensor([[0, 1], [1, 0]])
@@ -188,7 +185,6 @@ if not w._is_view() and base.grad is None:
     _refused(result, ("RuntimeError", "TypeError", "ValueError"), r"sparse|layout|strided")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: sparse COO tensor with alias_storage=True becomes a view of a dense tensor")
 def test_sparse_tensor_alias_storage_is_refused():
     result = run_snippet(PRELUDE + """
 base = torch.zeros(4)
