@@ -18,7 +18,11 @@ from aliasguard import _C
 # --- audit() registration and state --------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: audit's fallback holds TESTING_ONLY_GenericMode from import on (upstream test_fallback*)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8: audit's fallback holds TESTING_ONLY_GenericMode from import on (upstream "
+    "test_fallback*)",
+)
 def test_generic_mode_fallback_is_free_while_no_audit_is_active():
     lib = torch.library.Library("_", "IMPL")  # noqa: SCOPED_LIBRARY
     try:
@@ -53,7 +57,11 @@ def test_audit_quiet_under_vmap():
     torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: audit() flags FakeTensorMode's lift_fresh under torch.compile(backend='aot_eager')")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8: audit() flags FakeTensorMode's lift_fresh under "
+    "torch.compile(backend='aot_eager')",
+)
 def test_audit_quiet_under_compile_aot_eager():
     torch._dynamo.reset()
     f = torch.compile(lambda t: t.sin() + 1, backend="aot_eager")
@@ -63,7 +71,11 @@ def test_audit_quiet_under_compile_aot_eager():
     torch.testing.assert_close(got, x.sin() + 1)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: audit() breaks higher-order ops (upstream test_custom_dispatch_mode_*_higher_order_operators)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8: audit() breaks higher-order ops (upstream "
+    "test_custom_dispatch_mode_*_higher_order_operators)",
+)
 def test_audit_quiet_on_cond():
     x = torch.randn(2)
     with aliasguard.audit():
@@ -79,7 +91,11 @@ def test_audit_quiet_under_functionalize():
     assert got.tolist() == [1.0] * 4
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: audit() flags eager c10d collectives (their schemas carry no write annotation)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8: audit() flags eager c10d collectives (their schemas carry no write "
+    "annotation)",
+)
 def test_audit_quiet_on_c10d_collectives():
     import torch.distributed as dist
     from real_client_workloads import gloo_world_of_one
@@ -95,7 +111,6 @@ def test_audit_quiet_on_c10d_collectives():
 # --- errors torch reports itself stay torch's -------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: a non-Tensor __torch_dispatch__ result gets aliasguard's message, not torch's 'Unable to cast' (upstream test_invalid_ret)")
 def test_invalid_return_type_keeps_torchs_error():
     class ReturnsStr(torch.Tensor):
         @staticmethod

@@ -108,7 +108,6 @@ class BareReturnTensor(torch.Tensor):
         return tree_map_only(torch.Tensor, cls, func(*args, **kwargs))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: in-place handler ending in a bare return (copy_) is refused")
 def test_copy_handler_with_bare_return_returns_the_argument():
     dst = BareReturnTensor(torch.zeros(3))
     out = dst.copy_(torch.arange(3.0))
@@ -116,7 +115,6 @@ def test_copy_handler_with_bare_return_returns_the_argument():
     assert dst.elem.tolist() == [0.0, 1.0, 2.0]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: load_state_dict fails on modules with bare-return copy_ handlers")
 def test_load_state_dict_with_bare_return_copy():
     lin = torch.nn.Linear(3, 2, bias=False)
     lin.weight = torch.nn.Parameter(BareReturnTensor(torch.zeros(2, 3)), requires_grad=False)
@@ -125,7 +123,6 @@ def test_load_state_dict_with_bare_return_copy():
 
 
 @TORCHAO_SKIP
-@pytest.mark.xfail(strict=True, reason="issue 8: torchao load_state_dict fails (copy_ handler returns None)")
 def test_torchao_load_state_dict():
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -138,7 +135,6 @@ def test_torchao_load_state_dict():
     torch.testing.assert_close(model(x), before)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: index_put_ answered with a 0-d wrapper is refused (stock accepts)")
 def test_index_put_where_only_index_is_a_subclass():
     called = []
 
