@@ -15,7 +15,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(VENV_ABS)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: setup build demo test test-cpp test-python lint bench test-torch clean
+.PHONY: setup build demo test test-cpp test-python lint bench test-torch clean sanitize
 
 setup: $(VENV)/.ready
 
@@ -75,6 +75,21 @@ bench: setup
 	$(call compile,)
 	$(PY) bench/run_benchmarks.py
 
+# The C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer, in their
+# own build directory (see ALIASGUARD_SANITIZE in CMakeLists.txt). libtorch
+# keeps allocations alive until exit by design: leak detection is off.
+SANITIZE_BUILD := build-sanitize
+SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+sanitize: setup
+	tools/check_system_deps.sh test
+	test -f $(SANITIZE_BUILD)/build.ninja || cmake -S . -B $(SANITIZE_BUILD) -G Ninja \
+		-DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DALIASGUARD_SANITIZE=ON -DALIASGUARD_BUILD_BENCH=OFF
+	$(SANITIZER_ENV) cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+	cd $(SANITIZE_BUILD) && $(SANITIZER_ENV) ctest --output-on-failure -j $(JOBS)
+
 # The whole suite against another torch, e.g. `make test-torch TORCH=2.14.1`:
 # its own venv (.venv-torch-$(TORCH)) and its own build folder
 # (build-torch-$(TORCH)), which holds a mirror of this working tree (tracked
@@ -90,4 +105,4 @@ test-torch:
 	  TORCH_REQUIREMENT="torch==$(TORCH) -r requirements-test.txt"
 
 clean:
-	rm -rf $(BUILD) aliasguard/*.so aliasguard/_build_info.py
+	rm -rf $(BUILD) $(SANITIZE_BUILD) aliasguard/*.so aliasguard/_build_info.py

@@ -10,7 +10,10 @@ op's schema:
   strides and offset; every output shares its input's version counter; a real
   output that does not alias its input raises :class:`AliasingError`;
 * write returns (``Tensor(a!)``: in-place and ``out=`` ops): the argument
-  object itself is returned;
+  object itself is returned, also when the handler returned ``None`` or a
+  tensor of other sizes (stock ignores what an in-place handler returns);
+* a value of a type the schema does not allow (a ``str``) is passed through
+  for torch to report, as without aliasguard;
 * returns without alias annotations are left alone.
 
 How the hook is installed: the ``__torch_dispatch__`` found in the class
@@ -73,15 +76,21 @@ def correct_aliasing(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs:
     whether automatic correction is on or off (it is the explicit form).
 
     Returns ``out``, except that write returns (in-place and ``out=`` ops) are
-    replaced by the argument objects they alias. View outputs are corrected in
-    place (see the module docstring).
+    replaced by the argument objects they alias (also when ``out`` holds
+    ``None`` there, as upstream does). View outputs are corrected in place
+    (see the module docstring).
 
     Raises:
         AliasingError: an output cannot be made to alias its input (a view
             answered with a copy, an in-place op answered with new memory, an
             output that is another argument); nothing was changed.
-        TypeError: ``func`` is not an ``OpOverload`` of a registered operator,
-            or ``args``/``kwargs`` are not a tuple/dict.
+        TypeError: ``func`` is not an ``OpOverload`` of a registered operator;
+            ``args``/``kwargs`` are not a tuple/dict or do not match the op's
+            schema (more positional arguments than it has, an unknown or
+            repeated keyword); or ``out`` has the wrong type (a view return
+            that is not a tensor, a list return that is not a list of
+            tensors, a multi-return op's ``out`` that is not a tuple of one
+            value per return). Nothing was changed.
     """
     return _C._correct_aliasing(func, args, kwargs, out)
 

@@ -52,11 +52,14 @@ def mark_as_view(
             its sizes, strides and storage offset (``set_`` semantics).
 
     Raises:
-        TypeError: ``tensor`` or ``base`` is not a tensor, or ``view_fn`` is
-            not callable.
+        TypeError: ``tensor`` or ``base`` is not a tensor, ``view_fn`` is
+            not callable, or a flag (``is_bw_differentiable``,
+            ``is_fw_differentiable``, ``alias_storage``) is not a ``bool``
+            (``None`` and ``0`` are refused, not taken as False).
         RuntimeError: ``tensor`` already has autograd metadata, does not share
             ``base``'s storage, or is (or ``base`` is) an inference tensor.
-        ValueError: ``creation_meta`` is not a known name.
+        ValueError: ``creation_meta`` is not a known name, or not valid text
+            (a lone surrogate).
 
     On error nothing is changed.
     """

@@ -373,26 +373,87 @@ def test_out_op_answered_with_another_argument_raises():
             torch.add(x, x, out=out)
 
 
-def test_wrong_return_types_raise():
-    class Wrong(TorchDispatchMode):
-        def __init__(self, answer):
-            super().__init__()
-            self.answer = answer
+class Wrong(TorchDispatchMode):
+    """Answers the ops `answer` picks with a value of the wrong type."""
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            return self.answer(func, out)
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return self.answer(func, out)
+
+
+def test_wrong_return_types_are_left_to_torch():
+    # See Note [Results of the wrong type are torch's to report]: torch's own
+    # messages (those of stock PyTorch), not an AliasingError.
     x = torch.randn(4)
-    with pytest.raises(AliasingError, match="is a int, but the schema returns a Tensor"):
+    version = x._version
+    with pytest.raises(RuntimeError, match="Unable to cast 3 to Tensor") as info:
         with Wrong(lambda f, out: 3 if f is aten.view.default else out):
             x.view(2, 2)
-    with pytest.raises(AliasingError, match="is None, but the op writes argument 'self'"):
-        with Wrong(lambda f, out: None if f is aten.add_.Tensor else out):
+    assert not isinstance(info.value, AliasingError)
+    with pytest.raises(RuntimeError, match="Unable to cast 3 to Tensor"):
+        with Wrong(lambda f, out: 3 if f is aten.add_.Tensor else out):
             x.add_(1)
-    with pytest.raises(AliasingError, match="its schema has 2 returns"):
+    with pytest.raises(RuntimeError, match="Unable to cast Python instance of type <class 'str'>"):
+        with Wrong(lambda f, out: "arf" if f is aten.split.Tensor else out):
+            x.split(2)
+    with pytest.raises(RuntimeError, match="Object of type 'Tensor' is not an instance of 'sequence'"):
         with Wrong(lambda f, out: out[0] if f is aten.max.dim_max else out):
             torch.max(x.view(2, 2), 1, out=(torch.empty(2), torch.empty(2, dtype=torch.long)))
+    assert x._version == version  # torch refused the add_ result before its bump
+
+
+def test_in_place_answered_with_none_returns_the_argument():
+    # See Note [What a write return may be]: a bare `return` in an in-place
+    # handler (torchao's copy_) hands back the argument, as stock does.
+    x = torch.zeros(3)
+    with Wrong(lambda f, out: None if f is aten.add_.Tensor else out):
+        result = x.add_(1)
+    assert result is x and x.tolist() == [1.0] * 3
+    out = torch.zeros(3)
+    with Wrong(lambda f, res: None if f is aten.add.out else res):
+        result = torch.add(x, x, out=out)
+    assert result is out and out.tolist() == [2.0] * 3
+
+
+def test_in_place_on_wrapper_answered_with_none_returns_the_argument_below_autograd():
+    class NoneForInPlace(PairTensor):
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            return None if func is aten.mul_.Tensor else out
+
+    x = NoneForInPlace(torch.ones(3), torch.ones(3))
+    with SpyMode() as spy:
+        result = x.mul_(2)
+    assert result is x
+    _, args, _, inner = spy.last(aten.mul_.Tensor)
+    assert inner is args[0]  # what the dispatcher got back below autograd
+    assert x.a.tolist() == [2.0] * 3 and x.b.tolist() == [2.0] * 3
+
+
+def test_in_place_on_real_tensor_answered_with_a_wrapper_of_other_sizes_returns_the_argument():
+    # index_put_ on a real 3x3 tensor answered with a 0-d wrapper (upstream
+    # test_index_put_where_only_index_is_subclass): the real argument keeps
+    # its own sizes and is handed back; the wrapper is left as it was.
+    answer = PairTensor(torch.tensor(3.0), torch.tensor(3.0))
+
+    class Index(PairTensor):
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return answer
+
+    x = torch.randn(3, 3)
+    before = x.clone()
+    index = Index(torch.tensor(0), torch.tensor(0))
+    with SpyMode() as spy:
+        out = x.index_put_((index,), torch.randn(1))
+    assert out is x and x.shape == (3, 3) and torch.equal(x, before)
+    assert spy.last(aten.index_put_.default)[3] is x
+    assert answer.shape == () and not aliasguard.shares_version_counter(answer, x)
 
 
 @pytest.mark.parametrize("tracked", [False, True])

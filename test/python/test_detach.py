@@ -122,12 +122,42 @@ def test_meta_detach():
     assert d.shape == (2, 3)
 
 
-def test_nested_detach():
+class PassThroughMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _nested_detach_below_autograd():
+    # The inner mode detaches a nested tensor inside its __torch_dispatch__
+    # (below autograd); the detach reaches the outer pass-through mode, whose
+    # nested kernel (stock: aliasguard leaves nested tensors' detach alone)
+    # builds the result with a fresh counter. Only alias correction of the
+    # outer mode's result (aten::detach returns a view) can make it share.
     nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
-    d = nt.detach()
-    assert d.is_nested
-    assert [t.shape for t in d.unbind()] == [(2,), (3,)]
-    assert not d.requires_grad
+    inner = SaveOutputMode(torch.ops.aten.mul.Tensor, lambda out: out.detach())
+    with PassThroughMode(), inner:
+        product = nt * 2
+    return product, inner.saved
+
+
+def test_nested_detach_below_autograd_shares_the_version_counter():
+    product, saved = _nested_detach_below_autograd()
+    assert saved.is_nested
+    assert [t.shape for t in saved.unbind()] == [(2,), (3,)]
+    assert shares_version_counter(saved, product)
+    version = saved._version
+    product.add_(1)
+    assert saved._version == version + 1
+
+
+def test_nested_detach_below_autograd_without_correction_gets_a_fresh_counter():
+    # Stock behaviour, which the test above must differ from.
+    previous = aliasguard.set_alias_correction(False)
+    try:
+        product, saved = _nested_detach_below_autograd()
+    finally:
+        aliasguard.set_alias_correction(previous)
+    assert not shares_version_counter(saved, product)
 
 
 def test_cpu_kernel_registered_composite_kept():

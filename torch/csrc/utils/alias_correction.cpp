@@ -37,9 +37,11 @@ namespace aliasguard::utils {
 // when an in-place view op such as t_ changed them). What cannot be repaired
 // without inventing an answer is an error: a view answered with a tensor that
 // owns different memory, a write answered with new memory, a return that is
-// another argument. A wrong answer is worse than an error, so every check of
-// every return runs before the first change (plan, then apply): when
-// AliasingError is thrown, nothing was modified.
+// another argument. See Note [What a write return may be] and
+// Note [Results of the wrong type are torch's to report]. A wrong answer is
+// worse than an error, so every check of every return runs before the first
+// change (plan, then apply): when AliasingError is thrown, nothing was
+// modified.
 //
 // Storage cannot be checked when the input is a placeholder and the output
 // real (a nested-tensor wrapper returning views of its values buffer), or
@@ -83,6 +85,40 @@ namespace aliasguard::utils {
 // (to, contiguous, reshape: CompositeImplicitAutograd ops that copy when they
 // must, reached only from below autograd) is left alone
 // (CorrectionOptions::view_may_be_a_copy).
+
+// Note [What a write return may be]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Stock PyTorch ignores what an in-place handler returns: the autograd kernel
+// of an in-place op returns `self`, whatever its redispatch produced, and
+// upstream's return_and_correct_aliasing returns the argument too. Real
+// handlers rely on it: torchao's copy_ ends in a bare `return` (None), and a
+// handler may answer index_put_ on a real tensor with a wrapper of any shape.
+// Refusing those would make aliasguard worse than stock (load_state_dict on
+// every torchao-quantized model), so for a write return the argument is
+// handed back whenever the returned value tells nothing that contradicts it:
+// None, or a tensor whose sizes differ from an argument whose metadata cannot
+// be updated (a real tensor). Only a wrapper argument takes the returned
+// metadata (in-place view ops on wrappers: t_, squeeze_, as_strided_). What
+// is still refused is what would be wrong to hand back: a real tensor with
+// memory of its own (the argument was not written) or another argument.
+// Spotting sloppy handlers is audit()'s job, not correction's.
+//
+// Note [Results of the wrong type are torch's to report]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A value that is not what the schema's return type allows (a str, an int,
+// a tensor where a list belongs) is passed through untouched: torch converts
+// every result to the schema's types right after __torch_dispatch__ and
+// reports such values itself ("Unable to cast ..."), and its tests expect its
+// message. None is what torch turns into an undefined tensor, so it passes
+// too. The explicit correct_aliasing() is stricter: it checks types before
+// correcting (python_alias_correction.cpp).
+
+bool hands_back_argument(const ReturnAlias& alias, const OpValueRef& value) {
+  if (!alias.is_write()) {
+    return false;
+  }
+  return alias.is_list ? value.is_list() : value.is_none() || value.is_tensor();
+}
 
 namespace {
 
@@ -260,17 +296,14 @@ void plan_write_output(
   if (same_strided_metadata(output, argument)) {
     return;
   }
-  c10::TensorImpl* impl = argument.unsafeGetTensorImpl();
   if (!has_placeholder_storage(argument) ||
       argument.layout() != c10::kStrided || output.layout() != c10::kStrided) {
-    throw_aliasing_error(
-        site,
-        "has sizes " + c10::str(output.sym_sizes()) + " but " +
-            site.argument_name() + " has sizes " +
-            c10::str(argument.sym_sizes()) +
-            " (or their strides, offsets or layouts differ): the op did not "
-            "update the argument it claims to have written");
+    // The argument's metadata is its own (a real tensor) or cannot be set
+    // from the output's: it is handed back as it is, as stock does.
+    // See Note [What a write return may be]
+    return;
   }
+  c10::TensorImpl* impl = argument.unsafeGetTensorImpl();
   // An in-place view op (t_, squeeze_, as_strided_, ...) on a wrapper: the
   // dispatch computed the new metadata on the wrapper it returned; the
   // argument, which is what the caller gets back, must carry it.
@@ -289,12 +322,11 @@ void plan_view_return(
     const CorrectionOptions& options,
     Plan& plan) {
   if (!is_list) {
-    if (value.is_none()) {
-      return; // an optional return
-    }
     if (!value.is_tensor()) {
-      throw_aliasing_error(
-          site, "is " + value.describe() + ", but the schema returns a Tensor");
+      // None (an optional return, or torch's undefined tensor) or a value of
+      // the wrong type. See Note [Results of the wrong type are torch's to
+      // report]
+      return;
     }
     if (auto fix = plan_view_output(
             site, tensor_argument(site, args), value.tensor(), args, options)) {
@@ -303,10 +335,7 @@ void plan_view_return(
     return;
   }
   if (!value.is_list()) {
-    throw_aliasing_error(
-        site,
-        "is " + value.describe() +
-            ", but the schema returns a list of Tensors");
+    return; // See Note [Results of the wrong type are torch's to report]
   }
   const at::Tensor& input = tensor_argument(site, args);
   const auto elements = value.elements();
@@ -328,17 +357,20 @@ void plan_write_return(
     Plan& plan) {
   if (!is_list) {
     if (!value.is_tensor()) {
-      throw_aliasing_error(
-          site,
-          "is " + value.describe() + ", but the op writes " +
-              site.argument_name() + " and must return it");
+      // None: the argument is handed back (See Note [What a write return may
+      // be]); anything else is left to torch (See Note [Results of the wrong
+      // type are torch's to report]).
+      return;
     }
     plan_write_output(
         site, tensor_argument(site, args), value.tensor(), args, plan);
     return;
   }
   const OpValueRef& argument = args[*site.argument];
-  if (!value.is_list() || !argument.is_list()) {
+  if (!value.is_list()) {
+    return; // See Note [Results of the wrong type are torch's to report]
+  }
+  if (!argument.is_list()) {
     throw_aliasing_error(
         site,
         "is " + value.describe() + " and " + site.argument_name() + " is " +
@@ -348,23 +380,18 @@ void plan_write_return(
   }
   const auto outputs = value.elements();
   const auto inputs = argument.elements();
-  if (outputs.size() != inputs.size()) {
-    throw_aliasing_error(
-        site,
-        "is a list of " + std::to_string(outputs.size()) + " tensors but " +
-            site.argument_name() + " is a list of " +
-            std::to_string(inputs.size()));
-  }
   for (size_t k = 0; k < outputs.size(); ++k) {
-    const AliasSite element_site = site.with_element(k);
-    if (outputs[k] == nullptr || inputs[k] == nullptr ||
-        !outputs[k]->defined() || !inputs[k]->defined()) {
-      throw_aliasing_error(
-          element_site,
-          "and the matching element of " + site.argument_name() +
-              " must both be tensors");
+    const at::Tensor* output = outputs[k];
+    if (output == nullptr || !output->defined()) {
+      continue; // the argument list is handed back whole
     }
-    plan_write_output(element_site, *inputs[k], *outputs[k], args, plan);
+    const AliasSite element_site = site.with_element(k);
+    if (outputs.size() == inputs.size() && inputs[k] != nullptr &&
+        inputs[k]->defined()) {
+      plan_write_output(element_site, *inputs[k], *output, args, plan);
+    } else {
+      check_not_other_argument(element_site, *output, args);
+    }
   }
 }
 
@@ -437,14 +464,18 @@ void correct_aliasing(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<c10::IValue> args,
     torch::jit::Stack& rets) {
+  const auto& returns = analysis.returns();
+  c10::SmallVector<bool, 4> hand_back;
   {
     const BorrowedIValues arg_refs(args);
     const BorrowedIValues ret_refs(rets);
     correct_aliasing_borrowed(analysis, arg_refs.refs(), ret_refs.refs());
+    for (size_t i = 0; i < returns.size(); ++i) {
+      hand_back.push_back(hands_back_argument(returns[i], ret_refs.refs()[i]));
+    }
   }
-  const auto& returns = analysis.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
-    if (returns[i].is_write()) {
+    if (hand_back[i]) {
       rets[i] = args[returns[i].argument];
     }
   }

@@ -43,16 +43,26 @@ struct CorrectionOptions {
 // view return, a wrapper output with placeholder storage is given its
 // input's storage (sizes, strides and offset kept) and every output shares
 // its input's version counter; a real output that does not alias its input
-// is an error. Every write return must be replaceable by its argument, which
-// the caller then returns in its place (a wrapper argument takes the sizes
-// and strides the returned tensor has, for in-place view ops such as t_).
-// Returns without alias annotations are left alone. All checks run before
-// the first change: on AliasingError nothing was modified.
+// is an error. For every write return the caller hands back its argument
+// (hands_back_argument; a wrapper argument takes the sizes and strides the
+// returned tensor has, for in-place view ops such as t_); a returned real
+// tensor with memory of its own, or another argument, is an error.
+// Returns without alias annotations, and values of a type the schema does
+// not allow (torch reports those), are left alone. All checks run before the
+// first change: on AliasingError nothing was modified.
+// See Note [What a write return may be].
 ALIASGUARD_API void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     const CorrectionOptions& options = {});
+
+// Whether the caller hands back the argument in place of `value`, returned
+// for `alias`: a write return holding a tensor or None (a list for a list
+// return). A value of another type is torch's to report and stays as it is.
+ALIASGUARD_API bool hands_back_argument(
+    const ReturnAlias& alias,
+    const OpValueRef& value);
 
 // The same for one view return (`return_index`, not a list) of an op whose
 // only tensor argument is `input` (analysis.sole_tensor_argument()): the

@@ -56,20 +56,50 @@ autograd::ViewReplayFn wrap_view_fn(py::object view_fn) {
   };
 }
 
+// A real bool: pybind11's bool caster would take None as False.
+bool unpack_bool(py::handle obj, const char* function, const char* argument) {
+  if (!PyBool_Check(obj.ptr())) {
+    throw py::type_error(
+        std::string(function) + "(): " + argument + " must be a bool, got " +
+        Py_TYPE(obj.ptr())->tp_name);
+  }
+  return obj.ptr() == Py_True;
+}
+
+// The UTF-8 text of a str; a ValueError naming the argument when it has none
+// (a lone surrogate), where a pybind11 cast would say "Unable to cast".
+std::string unpack_text(
+    py::handle obj,
+    const char* function,
+    const char* argument) {
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+  if (text == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(
+        std::string(function) + "(): " + argument +
+        " is not valid text (it cannot be encoded as UTF-8)");
+  }
+  return std::string(text, size);
+}
+
 py::object mark_as_view(
     py::object tensor,
     py::object base,
-    bool is_bw_differentiable,
-    bool is_fw_differentiable,
+    py::object is_bw_differentiable,
+    py::object is_fw_differentiable,
     py::object view_fn,
     py::object creation_meta,
-    bool alias_storage) {
+    py::object alias_storage) {
   const at::Tensor& self = unpack_tensor(tensor, "mark_as_view", "tensor");
   const at::Tensor& base_tensor = unpack_tensor(base, "mark_as_view", "base");
   autograd::MarkAsViewOptions options;
-  options.is_bw_differentiable = is_bw_differentiable;
-  options.is_fw_differentiable = is_fw_differentiable;
-  options.alias_storage = alias_storage;
+  options.is_bw_differentiable =
+      unpack_bool(is_bw_differentiable, "mark_as_view", "is_bw_differentiable");
+  options.is_fw_differentiable =
+      unpack_bool(is_fw_differentiable, "mark_as_view", "is_fw_differentiable");
+  options.alias_storage =
+      unpack_bool(alias_storage, "mark_as_view", "alias_storage");
   if (!view_fn.is_none()) {
     if (!PyCallable_Check(view_fn.ptr())) {
       throw py::type_error(
@@ -84,8 +114,8 @@ py::object mark_as_view(
           std::string("mark_as_view(): creation_meta must be a str, got ") +
           Py_TYPE(creation_meta.ptr())->tp_name);
     }
-    options.creation_meta =
-        autograd::creation_meta_from_name(creation_meta.cast<std::string>());
+    options.creation_meta = autograd::creation_meta_from_name(
+        unpack_text(creation_meta, "mark_as_view", "creation_meta"));
   }
   autograd::mark_as_view(self, base_tensor, std::move(options));
   return tensor;
@@ -115,11 +145,11 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tensor"),
       py::arg("base"),
       py::kw_only(),
-      py::arg("is_bw_differentiable") = true,
-      py::arg("is_fw_differentiable") = true,
+      py::arg("is_bw_differentiable") = py::bool_(true),
+      py::arg("is_fw_differentiable") = py::bool_(true),
       py::arg("view_fn") = py::none(),
       py::arg("creation_meta") = py::none(),
-      py::arg("alias_storage") = false);
+      py::arg("alias_storage") = py::bool_(false));
 
   m.def(
       "shares_version_counter",

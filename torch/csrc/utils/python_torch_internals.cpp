@@ -1,31 +1,68 @@
 #include <torch/csrc/utils/python_torch_internals.h>
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
 
 namespace aliasguard::internals {
 
+namespace {
+
+// An object without a usable schema is simply not an operator (an Exception
+// while reading it); a KeyboardInterrupt or SystemExit is not an answer to
+// that question and must reach the caller.
+void clear_exception_or_rethrow() {
+  if (PyErr_Occurred() != nullptr && !PyErr_ExceptionMatches(PyExc_Exception)) {
+    throw python_error();
+  }
+  PyErr_Clear();
+}
+
+std::optional<std::string> utf8_of(PyObject* text) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(text, &size);
+  if (data == nullptr) {
+    clear_exception_or_rethrow();
+    return std::nullopt;
+  }
+  return std::string(data, size);
+}
+
+} // namespace
+
 std::optional<c10::OperatorName> operator_name_of(PyObject* func) {
   py::object schema = py::reinterpret_steal<py::object>(
       PyObject_GetAttrString(func, "_schema"));
   if (!schema) {
-    PyErr_Clear();
+    clear_exception_or_rethrow();
     return std::nullopt;
   }
   py::object name = py::reinterpret_steal<py::object>(
       PyObject_GetAttrString(schema.ptr(), "name"));
-  py::object overload = py::reinterpret_steal<py::object>(
-      PyObject_GetAttrString(schema.ptr(), "overload_name"));
-  if (!name || !overload || !PyUnicode_Check(name.ptr()) ||
-      !PyUnicode_Check(overload.ptr())) {
-    PyErr_Clear();
+  if (!name) {
+    clear_exception_or_rethrow();
     return std::nullopt;
   }
-  return c10::OperatorName(
-      name.cast<std::string>(), overload.cast<std::string>());
+  py::object overload = py::reinterpret_steal<py::object>(
+      PyObject_GetAttrString(schema.ptr(), "overload_name"));
+  if (!overload) {
+    clear_exception_or_rethrow();
+    return std::nullopt;
+  }
+  if (!PyUnicode_Check(name.ptr()) || !PyUnicode_Check(overload.ptr())) {
+    return std::nullopt;
+  }
+  auto name_text = utf8_of(name.ptr());
+  auto overload_text = utf8_of(overload.ptr());
+  if (!name_text || !overload_text) {
+    return std::nullopt;
+  }
+  return c10::OperatorName(std::move(*name_text), std::move(*overload_text));
 }
 
 std::vector<std::string> python_torch_internals_self_test() {

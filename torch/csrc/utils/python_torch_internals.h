@@ -51,7 +51,8 @@ inline bool is_tensor_object(PyObject* obj) {
 // Note [Per-OpOverload analysis cache]). Upstream: an OpOverload attribute
 // holding the OperatorHandle, usable from C++. nullopt when `func` has no
 // such schema (a HigherOrderOperator, anything else); no exception is left
-// set.
+// set. An exception that is not an Exception (KeyboardInterrupt, SystemExit)
+// raised while reading the schema propagates as python_error.
 std::optional<c10::OperatorName> operator_name_of(PyObject* func);
 
 // One line per internal above that no longer behaves as relied on.

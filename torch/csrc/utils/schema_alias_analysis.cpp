@@ -89,6 +89,7 @@ ReturnAlias classify_return(
   ReturnAlias result;
   result.annotated = ret.alias_info() != nullptr;
   result.annotated_write = annotation_writes(ret.alias_info());
+  result.optional = ret.type()->kind() == c10::TypeKind::OptionalType;
   const TensorShape shape = tensor_shape_of(ret.type());
   const c10::AliasInfo* info = effective_alias_info(ret.alias_info());
   if (info == nullptr) {

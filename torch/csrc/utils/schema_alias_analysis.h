@@ -54,6 +54,8 @@ struct ReturnAlias {
   // the annotation marks a write; kept for every kind, kUnknown included.
   bool annotated = false;
   bool annotated_write = false;
+  // The return's type is optional (`Tensor(a)?`): None is a valid value.
+  bool optional = false;
 
   bool aliases_argument() const {
     return kind == ReturnAliasKind::kView || kind == ReturnAliasKind::kWrite;
