@@ -71,6 +71,10 @@ const PyOpEntry& op_entry(PyObject* func) {
     const auto handle = c10::Dispatcher::singleton().findOp(*name);
     entry->has_inplace_or_view_kernel = handle.has_value() &&
         handle->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+    entry->view_may_be_a_copy = handle.has_value() &&
+        !entry->has_inplace_or_view_kernel &&
+        handle->hasKernelForDispatchKey(
+            c10::DispatchKey::CompositeImplicitAutograd);
   }
   if (entry->analysis) {
     for (size_t i = 0; i < entry->analysis->num_arguments(); ++i) {

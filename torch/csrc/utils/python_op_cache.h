@@ -26,6 +26,11 @@ struct PyOpEntry {
   // view returns and bumps written arguments. Read once per OpOverload:
   // registering such a kernel for an op already in use is not supported.
   bool has_inplace_or_view_kernel = false;
+  // A Tensor(a) return of this op may legitimately be a copy: the op is
+  // CompositeImplicitAutograd with no ADInplaceOrView kernel (to, contiguous,
+  // reshape alias when they can and copy when they must). Any other op that
+  // promises an alias (lift_fresh, alias, view) must keep it.
+  bool view_may_be_a_copy = false;
 };
 
 // The entry of `func` (any object; an OpOverload has an analysis). GIL held.

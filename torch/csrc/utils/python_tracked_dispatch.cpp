@@ -52,12 +52,15 @@ namespace aliasguard::utils {
 // body's call of the same op on the same arguments, which the wrapper cannot
 // single out (the body may unwrap, redispatch or write through a view);
 // setting back is exact and costs two loads per written argument.
-// Ops without such a kernel (the _foreach_*_ family) are counted at top level
-// by the in-place ops their backend kernel runs, which a body below
-// ADInplaceOrView never reaches for a wrapper argument (its inner tensors are
-// written instead) and stock never counts there at all: for those, a written
-// argument whose counter did not move is bumped once, so a mode and a wrapper
-// count what top level counts. Only the counters of written arguments are
+// Ops without such a kernel that return nothing but write arguments (the
+// _foreach_*_ family) are counted at top level by the in-place ops their
+// backend kernel runs, which a body below ADInplaceOrView never reaches for a
+// wrapper argument (its inner tensors are written instead) and stock never
+// counts there at all: for those, a written argument whose counter did not
+// move is bumped once, so a mode and a wrapper count what top level counts.
+// An op without such a kernel that writes an argument beside its returns
+// (batch norm's running statistics) is left as the body counted it: top level
+// counts nothing for it either. Only the counters of written arguments are
 // touched: a write the body made to anything else is real and stays counted.
 // When the body raises nothing is settled: no outer bump follows, and a
 // write made before the exception must stay visible. Counters move only
@@ -191,9 +194,11 @@ TrackedDispatchCall::TrackedDispatchCall(
   const RunningCorrection running;
   const PyOpEntry& entry = op_entry(func);
   outer_bump_follows_ = entry.has_inplace_or_view_kernel;
+  bump_unmoved_writes_ = !outer_bump_follows_ && entry.analysis &&
+      entry.analysis->returns().empty();
   options_.outer_kernel_marks_views = below && entry.has_inplace_or_view_kernel;
   options_.tracked = track_;
-  options_.view_may_be_a_copy = !entry.has_inplace_or_view_kernel;
+  options_.view_may_be_a_copy = entry.view_may_be_a_copy;
   if (below && entry.analysis) {
     remember_written_versions(entry, args, kwargs, written_);
   }
@@ -213,7 +218,7 @@ PyObject* TrackedDispatchCall::call(
   if (out != nullptr && !written_.empty()) {
     if (outer_bump_follows_) {
       written_.rewind();
-    } else {
+    } else if (bump_unmoved_writes_) {
       written_.bump_unmoved();
     }
   }
@@ -231,7 +236,7 @@ CorrectionOptions explicit_correction_options(PyObject* func) {
           c10::DispatchKey::AutogradFunctionality);
   options.tracked =
       options.outer_kernel_marks_views && !inplace_or_view_excluded();
-  options.view_may_be_a_copy = !entry.has_inplace_or_view_kernel;
+  options.view_may_be_a_copy = entry.view_may_be_a_copy;
   return options;
 }
 

@@ -42,6 +42,8 @@ class TrackedDispatchCall {
  private:
   bool track_ = false;
   bool outer_bump_follows_ = false;
+  // See Note [One bump per write through __torch_dispatch__]
+  bool bump_unmoved_writes_ = false;
   CorrectionOptions options_;
   WrittenVersions written_;
 };
