@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import threading
 import types
 import warnings
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -34,9 +36,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from aliasguard import _C
+from aliasguard._report import AuditReport, user_location
 
 __all__ = [
     "AliasingError",
+    "AuditReport",
     "audit",
     "correct_aliasing",
     "is_alias_correction_enabled",
@@ -119,33 +123,150 @@ def is_alias_correction_enabled() -> bool:
     return _C._is_alias_correction_enabled()
 
 
+class _AuditScopes(threading.local):
+    """This thread's open audit scopes, innermost last: the report of each (or None: raise)."""
+
+    def __init__(self) -> None:
+        self.reports: list[Optional[AuditReport]] = []
+
+
+_scopes = _AuditScopes()
+# Report scopes open on any thread, most recent last: where violations found
+# on threads without a scope of their own go (autograd's worker threads run
+# the backward of an audited thread with its dispatch state but not its
+# Python thread-locals).
+_open_reports: list[AuditReport] = []
+_open_reports_lock = threading.Lock()
+
+
+def _infrastructure_active() -> bool:
+    """Whether tracing infrastructure (fake, proxy, functional modes; functorch) is running."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    # Tracing only: selective checkpointing's recompute mode, also left alone by
+    # the correction, is audited (its cached views are no views of the
+    # recomputed inputs, which the audit is right to report).
+    if any(_is_tracing_infrastructure(type(mode)) for mode in _get_current_dispatch_mode_stack()):
+        return True
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _on_violation(error: AliasingError, owner: object, repaired: bool) -> bool:
+    """The audit's reporter (see Note [The audit's Python reporter]): True when handled."""
+    if _infrastructure_active():
+        return True  # see Note [What the audit leaves alone]
+    report: Optional[AuditReport]
+    if _scopes.reports:
+        report = _scopes.reports[-1]
+    else:
+        with _open_reports_lock:
+            report = _open_reports[-1] if _open_reports else None
+    if report is None:
+        return False
+    report.record(error, owner, repaired, location=user_location(sys._getframe(1)))
+    return True
+
+
 @contextlib.contextmanager
-def audit() -> Iterator[None]:
+def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport]]:
     """Check every op run inside the block against its schema's alias annotations.
 
     For every op dispatched on this thread (plain tensors, tensor subclasses
     and modes alike, and the backward ops it triggers), after it ran:
 
     * outputs without alias annotation share memory with no input;
-    * view outputs share their input's storage and version counter;
+    * view outputs share their input's storage and version counter (and, for
+      traceable wrapper subclasses, their inner tensors share memory with
+      the input's inner tensors);
     * in-place and ``out=`` ops return the very argument they wrote;
 
-    and the result of every ``__torch_dispatch__`` is checked the same way
-    (after alias correction, when it is on). The first violation raises
-    :class:`AliasingError` naming the op, the return and the argument. The
-    checks run in C++ (a dispatcher fallback), at a small fraction of the cost
-    of ``torch._subclasses.schema_check_mode.SchemaCheckMode``, which also
+    and the result of every ``__torch_dispatch__`` is checked the same way,
+    before and after alias correction. Without ``report``, the first
+    violation that correction cannot repair raises :class:`AliasingError`
+    naming the op, the return, the argument and the ``kind`` of violation.
+    With an :class:`AuditReport`, every violation is recorded there instead
+    (repaired ones too, marked as such) and the block runs to its end: the
+    report is what the ``with`` statement binds. The checks run in C++ (a
+    dispatcher fallback, registered only while some thread audits), at a
+    small fraction of the cost of
+    ``torch._subclasses.schema_check_mode.SchemaCheckMode``, which also
     compares values to detect mutations; the audit does not.
 
     Not checked: ``CompositeImplicitAutograd`` ops as a whole (their
-    decomposed ops are), empty outputs, and ``aten::_unsafe_view`` (aliases by
-    design). Usable as a decorator; nests; restores the previous state on exit.
+    decomposed ops are), empty outputs, ops that alias by design
+    (``_unsafe_view``, ``unsafe_split``/``unsafe_chunk``, c10d collectives),
+    functorch's wrappers (vmap, grad, functionalize) and tracing
+    infrastructure (fake, proxy and functional tensors). Usable as a
+    decorator; nests (the innermost scope's report receives); scopes may end
+    in any order.
+
+    Raises:
+        RuntimeError: the dispatch key the audit borrows
+            (``TESTING_ONLY_GenericMode``) has a fallback registered by
+            someone else.
+        TypeError: ``report`` is not an :class:`AuditReport`.
     """
-    previous = _C._set_alias_audit(True)
+    if report is not None and not isinstance(report, AuditReport):
+        raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type(report).__name__}")
+    _C._enter_alias_audit()
+    _scopes.reports.append(report)
+    if report is not None:
+        with _open_reports_lock:
+            _open_reports.append(report)
+    try:
+        yield report
+    finally:
+        _remove_last(_scopes.reports, report)
+        if report is not None:
+            with _open_reports_lock:
+                _remove_last(_open_reports, report)
+        _C._exit_alias_audit()
+
+
+class _NewThreadAudit:
+    """Audits threads started while ``report`` is set (see ``audit_new_threads``)."""
+
+    lock = threading.Lock()
+    report: Optional[AuditReport] = None
+    original: Any = None
+
+
+@contextlib.contextmanager
+def _audit_new_threads(report: AuditReport) -> Iterator[None]:
+    """Threads started (through ``threading.Thread``) inside the block run under ``audit(report=report)``.
+
+    For the pytest plugin and the CLI. Patches ``Thread._bootstrap_inner``, the
+    one place every ``threading.Thread`` passes through, whatever its ``run``.
+    """
+    with _NewThreadAudit.lock:
+        if _NewThreadAudit.original is not None:
+            raise RuntimeError("aliasguard: new threads are already being audited")
+        original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+        def _bootstrap_inner(thread: threading.Thread) -> None:
+            target = _NewThreadAudit.report
+            if target is None:
+                return original(thread)
+            with audit(report=target):
+                return original(thread)
+
+        _NewThreadAudit.original = original
+        _NewThreadAudit.report = report
+        threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        _C._set_alias_audit(previous)
+        with _NewThreadAudit.lock:
+            threading.Thread._bootstrap_inner = _NewThreadAudit.original  # type: ignore[attr-defined]
+            _NewThreadAudit.original = None
+            _NewThreadAudit.report = None
+
+
+def _remove_last(scopes: list[Any], item: Any) -> None:
+    for i in range(len(scopes) - 1, -1, -1):
+        if scopes[i] is item:
+            del scopes[i]
+            return
 
 
 # --- automatic installation ------------------------------------------------
@@ -169,9 +290,14 @@ def _wrap_static(fn: Callable[..., Any], owner: type) -> Callable[..., Any]:
     return wrapper
 
 
+def _is_tracing_infrastructure(cls: type) -> bool:
+    module = getattr(cls, "__module__", "") or ""
+    return module.startswith(_INFRASTRUCTURE_MODULE_PREFIXES)
+
+
 def _is_infrastructure(cls: type) -> bool:
     module = getattr(cls, "__module__", "") or ""
-    return module.startswith(_INFRASTRUCTURE_MODULE_PREFIXES) or f"{module}.{cls.__qualname__}" in _INFRASTRUCTURE_CLASSES
+    return _is_tracing_infrastructure(cls) or f"{module}.{cls.__qualname__}" in _INFRASTRUCTURE_CLASSES
 
 
 def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
@@ -259,3 +385,4 @@ def _install() -> None:
 
 
 _install()
+_C._set_alias_audit_reporter(_on_violation)

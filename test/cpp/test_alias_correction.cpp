@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/alias_correction.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -69,7 +70,7 @@ AliasingError expect_aliasing_error(Body&& body) {
     return error;
   }
   ADD_FAILURE() << "expected AliasingError";
-  return AliasingError("", 0, "", "");
+  return AliasingError("", 0, "", torch::utils::AliasViolation::kWrongType, "");
 }
 
 TEST(AliasCorrection, WrapperViewOfWrapperTakesItsStorageAndCounter) {
@@ -392,25 +393,67 @@ at::Tensor call_test_op(const char* name, const at::Tensor& self) {
 }
 
 struct AuditGuard {
-  AuditGuard() : previous(torch::utils::set_alias_audit_enabled(true)) {}
-  ~AuditGuard() {
-    torch::utils::set_alias_audit_enabled(previous);
+  AuditGuard() {
+    torch::utils::enter_alias_audit();
   }
-  bool previous;
+  ~AuditGuard() {
+    torch::utils::exit_alias_audit();
+  }
+  AuditGuard(const AuditGuard&) = delete;
+  AuditGuard& operator=(const AuditGuard&) = delete;
 };
 
-TEST(AliasAuditFallback, EnablingNestsAndRestores) {
+bool audit_fallback_registered() {
+  return c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(
+      c10::DispatchKey::TESTING_ONLY_GenericMode);
+}
+
+TEST(AliasAuditFallback, RegisteredOnlyWhileAScopeIsOpen) {
   EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  EXPECT_FALSE(audit_fallback_registered());
   {
     AuditGuard outer;
     EXPECT_TRUE(torch::utils::is_alias_audit_enabled());
+    EXPECT_TRUE(audit_fallback_registered());
     {
       AuditGuard inner;
-      EXPECT_TRUE(inner.previous);
+      EXPECT_EQ(torch::utils::alias_audit_depth(), 2u);
     }
     EXPECT_TRUE(torch::utils::is_alias_audit_enabled());
   }
   EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  EXPECT_FALSE(audit_fallback_registered());
+  EXPECT_EQ(torch::utils::alias_audit_scopes(), 0u);
+}
+
+TEST(AliasAuditFallback, ScopesEndingOutOfOrderLeaveTheThreadAsItWas) {
+  auto first = std::make_unique<AuditGuard>();
+  auto second = std::make_unique<AuditGuard>();
+  first.reset(); // ends before the scope opened after it
+  EXPECT_TRUE(torch::utils::is_alias_audit_enabled());
+  second.reset();
+  EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  EXPECT_FALSE(audit_fallback_registered());
+}
+
+TEST(AliasAuditFallback, ExitWithoutEnterIsAnError) {
+  EXPECT_THROW(torch::utils::exit_alias_audit(), c10::Error);
+  EXPECT_EQ(torch::utils::alias_audit_scopes(), 0u);
+}
+
+TEST(AliasAuditFallback, RefusesAKeyTakenBySomeoneElse) {
+  auto handle = c10::Dispatcher::singleton().registerFallback(
+      c10::DispatchKey::TESTING_ONLY_GenericMode,
+      c10::KernelFunction::makeFallthrough(),
+      "another user of the key");
+  try {
+    torch::utils::enter_alias_audit();
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("TESTING_ONLY_GenericMode"), std::string::npos);
+  }
+  EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  EXPECT_EQ(torch::utils::alias_audit_scopes(), 0u);
 }
 
 TEST(AliasAuditFallback, StockOpsPassIncludingBackward) {
@@ -435,14 +478,23 @@ TEST(AliasAuditFallback, ReportsABrokenKernelOnlyWhenEnabled) {
         [&] { call_test_op("aliasguard_audit_test::returns_input", x); });
     EXPECT_EQ(error.op(), "aliasguard_audit_test::returns_input");
     EXPECT_EQ(error.argument(), "self");
-    expect_aliasing_error([&] { call_test_op("aliasguard_audit_test::copying_view", x); });
+    EXPECT_EQ(error.kind(), torch::utils::AliasViolation::kFreshIsArgument);
+    const AliasingError copy = expect_aliasing_error(
+        [&] { call_test_op("aliasguard_audit_test::copying_view", x); });
+    EXPECT_EQ(copy.kind(), torch::utils::AliasViolation::kViewCopy);
     call_test_op("aliasguard_audit_test::honest_view", x);
     call_test_op("aliasguard_audit_test::honest_clone", x);
   }
 }
 
-[[noreturn]] void throw_runtime_error(const AliasingError& error) {
+[[noreturn]] bool throw_runtime_error(const AliasingError& error) {
   throw std::runtime_error(std::string("reported: ") + error.op());
+}
+
+int recorded_violations = 0;
+bool record_violation(const AliasingError& /*error*/) {
+  ++recorded_violations;
+  return true;
 }
 
 TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
@@ -456,6 +508,27 @@ TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
   }
   torch::utils::set_alias_audit_error_reporter(nullptr);
   expect_aliasing_error([&] { call_test_op("aliasguard_audit_test::returns_input", at::ones({2})); });
+}
+
+TEST(AliasAuditFallback, AReporterThatRecordsLetsTheResultStand) {
+  torch::utils::set_alias_audit_error_reporter(&record_violation);
+  recorded_violations = 0;
+  at::Tensor x = at::ones({2});
+  {
+    AuditGuard audit;
+    EXPECT_TRUE(call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
+    call_test_op("aliasguard_audit_test::honest_clone", x);
+  }
+  torch::utils::set_alias_audit_error_reporter(nullptr);
+  EXPECT_EQ(recorded_violations, 1);
+}
+
+TEST(AliasAuditFallback, UnsafeSplitsShareMemoryByDesign) {
+  AuditGuard audit;
+  at::Tensor x = at::randn({6});
+  EXPECT_EQ(at::unsafe_split(x, 2).size(), 3u);
+  EXPECT_EQ(at::unsafe_split_with_sizes(x, {2, 4}).size(), 2u);
+  EXPECT_EQ(at::unsafe_chunk(x, 3).size(), 3u);
 }
 
 } // namespace

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/placeholder_storage.h>
 
 #include <atomic>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -52,11 +53,41 @@ AliasingError::AliasingError(
     std::string op,
     size_t return_index,
     std::string argument,
+    AliasViolation kind,
     const std::string& message)
     : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message),
       op_(std::move(op)),
       return_index_(return_index),
-      argument_(std::move(argument)) {}
+      argument_(std::move(argument)),
+      kind_(kind) {}
+
+const char* alias_violation_name(AliasViolation kind) {
+  switch (kind) {
+    case AliasViolation::kViewCopy:
+      return "view_copy";
+    case AliasViolation::kViewStorage:
+      return "view_storage";
+    case AliasViolation::kViewVersionCounter:
+      return "view_version_counter";
+    case AliasViolation::kViewInnerCopy:
+      return "view_inner_copy";
+    case AliasViolation::kWriteNotArgument:
+      return "write_not_argument";
+    case AliasViolation::kWriteNewMemory:
+      return "write_new_memory";
+    case AliasViolation::kWriteMetadata:
+      return "write_metadata";
+    case AliasViolation::kFreshIsArgument:
+      return "fresh_is_argument";
+    case AliasViolation::kFreshSharesMemory:
+      return "fresh_shares_memory";
+    case AliasViolation::kOtherArgument:
+      return "other_argument";
+    case AliasViolation::kWrongType:
+      return "wrong_type";
+  }
+  return "unknown";
+}
 
 AliasingError::~AliasingError() = default;
 
@@ -97,7 +128,10 @@ struct Site {
   }
 };
 
-[[noreturn]] void fail(const Site& site, std::string_view problem) {
+[[noreturn]] void fail(
+    const Site& site,
+    AliasViolation kind,
+    std::string_view problem) {
   std::ostringstream message;
   message << site.analysis.op_name() << ": return " << site.return_index;
   if (site.element.has_value()) {
@@ -109,6 +143,7 @@ struct Site {
       site.return_index,
       site.argument.has_value() ? site.analysis.argument_name(*site.argument)
                                 : std::string(),
+      kind,
       message.str());
 }
 
@@ -152,6 +187,7 @@ const at::Tensor& tensor_argument(
   if (!value.is_tensor()) {
     fail(
         site,
+        AliasViolation::kWrongType,
         "is a tensor but " + named(site) + ", which it aliases, is " +
             value.describe());
   }
@@ -172,6 +208,7 @@ void check_not_other_argument(
       if (output.is_same(input)) {
         fail(
             site,
+            AliasViolation::kOtherArgument,
             "is " + named(site.with_argument(i)) +
                 ", but the schema says it aliases " + named(site));
       }
@@ -227,6 +264,7 @@ std::optional<ViewFix> plan_view_output(
     if (!input_has_storage) {
       fail(
           site,
+          AliasViolation::kViewStorage,
           "is a wrapper tensor with placeholder storage, but " + named(site) +
               " (layout " + c10::str(input.layout()) +
               ") has no storage it could share");
@@ -237,6 +275,7 @@ std::optional<ViewFix> plan_view_output(
       if (from != to) {
         fail(
             site,
+            AliasViolation::kViewStorage,
             "is a wrapper tensor on " + from.str() + " but " + named(site) +
                 " keeps its storage on " + to.str() +
                 ", so it cannot share that storage");
@@ -247,6 +286,7 @@ std::optional<ViewFix> plan_view_output(
     if (!same_storage) {
       fail(
           site,
+          AliasViolation::kViewCopy,
           "should be a view of " + named(site) +
               " but has storage of its own: it shares no memory with its "
               "input (was the view op answered with a copy?)");
@@ -297,6 +337,7 @@ void plan_write_output(
       !storages_alias(output, argument)) {
     fail(
         site,
+        AliasViolation::kWriteNewMemory,
         "is a new tensor that shares no memory with " + named(site) +
             ": an in-place or out= op must write into that argument and "
             "return it");
@@ -309,6 +350,7 @@ void plan_write_output(
       argument.layout() != c10::kStrided || output.layout() != c10::kStrided) {
     fail(
         site,
+        AliasViolation::kWriteMetadata,
         "has sizes " + c10::str(output.sym_sizes()) + " but " + named(site) +
             " has sizes " + c10::str(argument.sym_sizes()) +
             " (or their strides, offsets or layouts differ): the op did not "
@@ -335,7 +377,10 @@ void plan_view_return(
       return; // an optional return
     }
     if (!value.is_tensor()) {
-      fail(site, "is " + value.describe() + ", but the schema returns a Tensor");
+      fail(
+          site,
+          AliasViolation::kWrongType,
+          "is " + value.describe() + ", but the schema returns a Tensor");
     }
     if (auto fix = plan_view_output(
             site, tensor_argument(site, args), value.tensor(), args)) {
@@ -346,6 +391,7 @@ void plan_view_return(
   if (!value.is_list()) {
     fail(
         site,
+        AliasViolation::kWrongType,
         "is " + value.describe() + ", but the schema returns a list of Tensors");
   }
   const at::Tensor& input = tensor_argument(site, args);
@@ -370,6 +416,7 @@ void plan_write_return(
     if (!value.is_tensor()) {
       fail(
           site,
+          AliasViolation::kWriteNotArgument,
           "is " + value.describe() + ", but the op writes " + named(site) +
               " and must return it");
     }
@@ -380,6 +427,7 @@ void plan_write_return(
   if (!value.is_list() || !argument.is_list()) {
     fail(
         site,
+        AliasViolation::kWrongType,
         "is " + value.describe() + " and " + named(site) + " is " +
             argument.describe() + ", but the schema says both are lists of "
             "Tensors, the one returned as the other");
@@ -389,6 +437,7 @@ void plan_write_return(
   if (outputs.size() != inputs.size()) {
     fail(
         site,
+        AliasViolation::kWrongType,
         "is a list of " + std::to_string(outputs.size()) + " tensors but " +
             named(site) + " is a list of " + std::to_string(inputs.size()));
   }
@@ -396,8 +445,11 @@ void plan_write_return(
     const Site element_site = site.with_element(k);
     if (outputs[k] == nullptr || inputs[k] == nullptr ||
         !outputs[k]->defined() || !inputs[k]->defined()) {
-      fail(element_site, "and the matching element of " + named(site) +
-               " must both be tensors");
+      fail(
+          element_site,
+          AliasViolation::kWrongType,
+          "and the matching element of " + named(site) +
+              " must both be tensors");
     }
     plan_write_output(element_site, *inputs[k], *outputs[k], args, plan);
   }
@@ -512,8 +564,9 @@ void throw_aliasing_error(
     const SchemaAliasAnalysis& analysis,
     size_t return_index,
     std::optional<size_t> argument,
+    AliasViolation kind,
     std::string_view problem) {
-  fail(Site{analysis, return_index, argument}, problem);
+  fail(Site{analysis, return_index, argument}, kind, problem);
 }
 
 void correct_aliasing_borrowed(
@@ -615,8 +668,26 @@ void correct_aliasing(
 //     audit each __torch_dispatch__ result instead, right after correcting
 //     it, which covers nested modes and subclasses layer by layer.
 // Empty outputs are exempt (sharing zero bytes is harmless, and native
-// kernels return their empty input for fresh returns), as is
-// aten::_unsafe_view, whose unannotated return aliases by design.
+// kernels return their empty input for fresh returns).
+//
+// Note [What the audit leaves alone]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Code that keeps its schema's promises on its own terms must not be
+// reported:
+//   * ops whose unannotated returns share memory by design:
+//     aten::_unsafe_view and the unsafe_split family (views that autograd is
+//     told not to track), and c10d's collectives, which return the tensors
+//     they were given (the schemas carry no write annotation);
+//   * functorch's and functionalization's wrappers (vmap's batched tensors,
+//     grad's wrappers, functionalize's tensors): they have no storage of
+//     their own and keep aliasing inside, one level down, where the audit
+//     sees the ops again;
+//   * pairs of tensors of which exactly one lives on meta: tracing
+//     infrastructure (FakeTensorMode's lift_fresh of a real tensor) hands
+//     back fake tensors, whose storage cannot be compared with real memory.
+// Tracing infrastructure in Python (fake, proxy and functional modes and
+// tensors) is recognised by the Python bindings' reporter, which knows which
+// classes are infrastructure (see aliasguard/_aliasing.py).
 
 namespace {
 
@@ -624,8 +695,35 @@ constexpr c10::DispatchKey kAuditKey = c10::DispatchKey::TESTING_ONLY_GenericMod
 
 std::atomic<AliasingErrorReporter> audit_error_reporter{nullptr};
 
+// See Note [What the audit leaves alone].
 bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
-  return analysis.op_name() == "aten::_unsafe_view";
+  std::string_view name = analysis.op_name();
+  if (name.substr(0, 6) == "c10d::") {
+    return true;
+  }
+  name = name.substr(0, name.find('.'));
+  return name == "aten::_unsafe_view" || name == "aten::unsafe_split" ||
+      name == "aten::unsafe_chunk" || name == "aten::unsafe_split_with_sizes";
+}
+
+bool is_functorch_wrapper(const at::Tensor& tensor) {
+  static const c10::DispatchKeySet wrapper_keys({
+      c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::BatchedNestedTensor,
+      c10::DispatchKey::FuncTorchGradWrapper,
+      c10::DispatchKey::Functionalize,
+  });
+  return tensor.key_set().has_any(wrapper_keys);
+}
+
+bool has_meta_storage(const at::Tensor& tensor) {
+  return tensor.has_storage() && storage_of(tensor).device().is_meta();
+}
+
+// Whether the aliasing of `output` to `input` can be judged at all.
+bool comparable(const at::Tensor& input, const at::Tensor& output) {
+  return !is_functorch_wrapper(input) && !is_functorch_wrapper(output) &&
+      has_meta_storage(input) == has_meta_storage(output);
 }
 
 void audit_fresh_output(
@@ -638,9 +736,13 @@ void audit_fresh_output(
   for (size_t i = 0; i < args.size(); ++i) {
     for_each_tensor(args[i], [&](const at::Tensor& input) {
       const Site argument_site = site.with_argument(i);
+      if (!comparable(input, output)) {
+        return;
+      }
       if (output.is_same(input)) {
         fail(
             argument_site,
+            AliasViolation::kFreshIsArgument,
             "is " + named(argument_site) +
                 " itself, but the schema says it is a new tensor (no alias "
                 "annotation)");
@@ -648,6 +750,7 @@ void audit_fresh_output(
       if (storages_alias(output, input)) {
         fail(
             argument_site,
+            AliasViolation::kFreshSharesMemory,
             "shares memory with " + named(argument_site) +
                 ", but the schema says it is a new tensor (no alias "
                 "annotation)");
@@ -661,7 +764,7 @@ void audit_view_output(
     const at::Tensor& input,
     const at::Tensor& output,
     bool views_share_version_counter) {
-  if (output.is_same(input)) {
+  if (output.is_same(input) || !comparable(input, output)) {
     return;
   }
   // A real output of a placeholder input (a wrapper returning views of its
@@ -671,6 +774,8 @@ void audit_view_output(
   if (checkable && !storages_alias(output, input)) {
     fail(
         site,
+        has_placeholder_storage(output) ? AliasViolation::kViewStorage
+                                        : AliasViolation::kViewCopy,
         "does not share the storage of " + named(site) +
             ", of which the schema says it is a view");
   }
@@ -678,6 +783,7 @@ void audit_view_output(
       needs_shared_version_counter(input, output)) {
     fail(
         site,
+        AliasViolation::kViewVersionCounter,
         "is a view of " + named(site) +
             " with a version counter of its own: an in-place change through "
             "one is invisible to autograd and to caches through the other");
@@ -688,9 +794,16 @@ void audit_write_output(
     const Site& site,
     const at::Tensor* argument,
     const at::Tensor& output) {
+  if (argument != nullptr && !comparable(*argument, output)) {
+    return;
+  }
   if (argument == nullptr || !output.is_same(*argument)) {
     fail(
         site,
+        argument != nullptr && has_real_storage(output) &&
+                has_real_storage(*argument) && !storages_alias(output, *argument)
+            ? AliasViolation::kWriteNewMemory
+            : AliasViolation::kWriteNotArgument,
         "is not " + named(site) +
             " itself: an in-place or out= op must return the tensor it "
             "wrote");
@@ -779,6 +892,7 @@ void audit_fallback(
   const c10::SmallVector<c10::IValue, 8> args(inputs.begin(), inputs.end());
   const std::shared_ptr<const SchemaAliasAnalysis> analysis =
       schema_alias_analysis(op);
+  const ReportedViolationMark mark = reported_violation_mark();
   op.redispatchBoxed(below, stack);
   const size_t num_rets = schema.returns().size();
   const c10::ArrayRef<c10::IValue> rets(
@@ -787,8 +901,14 @@ void audit_fallback(
     audit_aliasing(
         *analysis, args, rets, below.has(c10::DispatchKey::ADInplaceOrView));
   } catch (const AliasingError& error) {
-    if (AliasingErrorReporter reporter = audit_error_reporter.load()) {
-      reporter(error);
+    // See Note [One report per op call].
+    if (reported_violation_since(mark, *analysis)) {
+      return;
+    }
+    AliasingErrorReporter reporter = audit_error_reporter.load();
+    if (reporter != nullptr && reporter(error)) {
+      note_reported_violation(*analysis);
+      return;
     }
     throw;
   }
@@ -830,10 +950,117 @@ void audit_aliasing(
       analysis, arg_refs.refs(), ret_refs.refs(), views_share_version_counter);
 }
 
-bool set_alias_audit_enabled(bool enabled) {
-  const bool previous = c10::impl::tls_is_dispatch_key_included(kAuditKey);
-  c10::impl::tls_set_dispatch_key_included(kAuditKey, enabled);
-  return previous;
+void audit_inner_view(
+    const SchemaAliasAnalysis& analysis,
+    size_t return_index,
+    size_t argument,
+    const std::string& inner_name,
+    const at::Tensor& inner_output,
+    c10::ArrayRef<at::Tensor> inner_inputs) {
+  // See Note [Inner tensors of traceable wrappers].
+  if (!inner_output.defined() || !inner_output.has_storage() ||
+      storage_of(inner_output).nbytes() == 0) {
+    return;
+  }
+  for (const at::Tensor& input : inner_inputs) {
+    if (!input.defined()) {
+      continue;
+    }
+    // Aliasing found, or a pair that cannot be judged: nothing to report.
+    if (!comparable(input, inner_output) || inner_output.is_same(input) ||
+        storages_alias(inner_output, input)) {
+      return;
+    }
+  }
+  const Site site{analysis, return_index, argument};
+  fail(
+      site,
+      AliasViolation::kViewInnerCopy,
+      "is a wrapper whose inner tensor '" + inner_name +
+          "' shares no memory with the inner tensors of " + named(site) +
+          ", of which the schema says it is a view: writes through the view "
+          "never reach the input's data");
+}
+
+// Note [Audit lifetime]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The fallback is registered only while some thread has an audit scope open:
+// TESTING_ONLY_GenericMode is borrowed, and others (torch's own tests) use
+// it too. A process-wide count of open scopes registers it on 0 -> 1 and
+// removes it on 1 -> 0; a per-thread depth includes the key in the thread's
+// TLS while the thread has a scope open. Counting rather than saving and
+// restoring the previous state makes scopes that end out of order (two
+// context managers entered A, B and exited A, B) leave the thread as it was.
+// The registration handle is leaked on purpose: the dispatcher may be gone
+// by the time static destructors run.
+
+namespace {
+
+struct AuditRegistration {
+  std::mutex mutex;
+  size_t scopes = 0;
+  std::optional<c10::RegistrationHandleRAII> handle;
+};
+
+AuditRegistration& audit_registration() {
+  static auto* registration = new AuditRegistration();
+  return *registration;
+}
+
+thread_local size_t audit_depth = 0;
+
+thread_local uint64_t reported_epoch = 0;
+thread_local const SchemaAliasAnalysis* reported_op = nullptr;
+
+} // namespace
+
+void enter_alias_audit() {
+  AuditRegistration& registration = audit_registration();
+  {
+    const std::lock_guard<std::mutex> lock(registration.mutex);
+    if (registration.scopes == 0) {
+      c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+      TORCH_CHECK(
+          !dispatcher.hasBackendFallbackForDispatchKey(kAuditKey),
+          "aliasguard.audit(): the dispatch key ",
+          kAuditKey,
+          ", which the audit borrows (stock PyTorch has no free key above "
+          "autograd), already has a fallback registered by someone else; "
+          "remove that registration before auditing");
+      registration.handle.emplace(dispatcher.registerFallback(
+          kAuditKey,
+          c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
+          "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
+    }
+    ++registration.scopes;
+  }
+  if (audit_depth++ == 0) {
+    c10::impl::tls_set_dispatch_key_included(kAuditKey, true);
+  }
+}
+
+void exit_alias_audit() {
+  TORCH_CHECK(
+      audit_depth > 0,
+      "aliasguard.audit(): no audit scope is open on this thread");
+  if (--audit_depth == 0) {
+    c10::impl::tls_set_dispatch_key_included(kAuditKey, false);
+  }
+  AuditRegistration& registration = audit_registration();
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  if (--registration.scopes == 0) {
+    registration.handle.reset();
+  }
+}
+
+size_t alias_audit_depth() {
+  return audit_depth;
+}
+
+size_t alias_audit_scopes() {
+  AuditRegistration& registration = audit_registration();
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  return registration.scopes;
 }
 
 bool is_alias_audit_enabled() {
@@ -844,18 +1071,19 @@ void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
   audit_error_reporter.store(reporter);
 }
 
-namespace {
+ReportedViolationMark reported_violation_mark() {
+  return ReportedViolationMark{reported_epoch};
+}
 
-// Registered when the library loads and never removed, like a
-// TORCH_LIBRARY_IMPL fallback (registered directly: torch/library.h is heavy).
-const bool audit_fallback_registered = [] {
-  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().registerFallback(
-      kAuditKey,
-      c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
-      "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
-  return true;
-}();
+void note_reported_violation(const SchemaAliasAnalysis& analysis) {
+  ++reported_epoch;
+  reported_op = &analysis;
+}
 
-} // namespace
+bool reported_violation_since(
+    const ReportedViolationMark& mark,
+    const SchemaAliasAnalysis& analysis) {
+  return reported_epoch != mark.epoch && reported_op == &analysis;
+}
 
 } // namespace torch::utils

@@ -19,17 +19,48 @@
 
 namespace torch::utils {
 
+// Note [Kinds of aliasing violations]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every way a __torch_dispatch__ (or a kernel) can break its schema's alias
+// promises, one value each, so that a report can group violations and say,
+// once per kind, what the schema promises and what to change. The kind is
+// decided where the violation is found, never recovered from the message.
+enum class AliasViolation : uint8_t {
+  kViewCopy, // a view return that owns memory of its own (answered by a copy)
+  kViewStorage, // a view return whose storage is not its input's (a wrapper's
+                // placeholder, or memory it cannot share)
+  kViewVersionCounter, // a view return with a version counter of its own
+  kViewInnerCopy, // a traceable wrapper view whose inner tensors do not alias
+                  // the input's inner tensors
+  kWriteNotArgument, // an in-place/out= return that is not the argument
+  kWriteNewMemory, // an in-place/out= return with memory of its own
+  kWriteMetadata, // an in-place/out= return shaped unlike its argument
+  kFreshIsArgument, // an unannotated return that is an argument itself
+  kFreshSharesMemory, // an unannotated return sharing memory with an argument
+  kOtherArgument, // a return that is an argument the schema does not name
+  kWrongType, // a return (or argument) of a type the schema does not declare
+};
+
+// "view_copy", "write_not_argument", ...: stable names for reports.
+const char* alias_violation_name(AliasViolation kind);
+
 // A return that cannot be made to alias what its schema says it aliases, or
-// (audit) one that breaks the schema. Names the op, the return and the
-// argument; nothing was modified when correct_aliasing throws it.
+// (audit) one that breaks the schema. Names the op, the return, the argument
+// and the kind of violation; nothing was modified when correct_aliasing
+// throws it.
 class AliasingError : public c10::Error {
  public:
   AliasingError(
       std::string op,
       size_t return_index,
       std::string argument,
+      AliasViolation kind,
       const std::string& message);
   ~AliasingError() override;
+
+  AliasViolation kind() const {
+    return kind_;
+  }
 
   const std::string& op() const {
     return op_;
@@ -46,6 +77,7 @@ class AliasingError : public c10::Error {
   std::string op_;
   size_t return_index_;
   std::string argument_;
+  AliasViolation kind_;
 };
 
 // Throws the AliasingError for `problem` with return `return_index` (and the
@@ -55,6 +87,7 @@ class AliasingError : public c10::Error {
     const SchemaAliasAnalysis& analysis,
     size_t return_index,
     std::optional<size_t> argument,
+    AliasViolation kind,
     std::string_view problem);
 
 // One argument or return of an op as the checks see it: nothing, a tensor, a
@@ -165,16 +198,64 @@ void audit_aliasing(
     c10::ArrayRef<c10::IValue> rets,
     bool views_share_version_counter);
 
-// Turns the audit fallback on or off for ops dispatched on this thread (and
-// the autograd work it starts). Returns the previous state.
-bool set_alias_audit_enabled(bool enabled);
+// Note [Inner tensors of traceable wrappers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A wrapper subclass whose view handler copies its inner data passes every
+// wrapper-level check once correction has given the wrapper its input's
+// storage, yet writes through the view never reach the input's data. Where
+// both sides are traceable (__tensor_flatten__), the audit also checks a view
+// return's inner tensors (flattened down to plain tensors): each one holding
+// data must share memory with some inner tensor of the input. "Some", not
+// "the one of the same name": a view may legitimately rearrange which inner
+// tensor holds what (a transposed packing), and the property that matters is
+// that the view's data is the input's data.
+void audit_inner_view(
+    const SchemaAliasAnalysis& analysis,
+    size_t return_index,
+    size_t argument,
+    const std::string& inner_name,
+    const at::Tensor& inner_output,
+    c10::ArrayRef<at::Tensor> inner_inputs);
+
+// Whether the audit's fallback checks ops dispatched on this thread (and the
+// autograd work it starts). See Note [Audit lifetime].
 bool is_alias_audit_enabled();
 
-// Called with the violation just before the audit fallback rethrows it from
-// inside the dispatcher; it may throw something else instead (the Python
+// One audit scope on this thread: the first on any thread registers the
+// audit fallback, the last to end removes it; the thread is audited while it
+// has one open. Scopes may end in any order. Throws c10::Error naming the
+// key if something else already registered a fallback on the key the audit
+// borrows (nothing changed then).
+void enter_alias_audit();
+// Ends one scope of this thread; an error if it has none.
+void exit_alias_audit();
+// Scopes open on this thread / on all threads together.
+size_t alias_audit_depth();
+size_t alias_audit_scopes();
+
+// Called with a violation the audit fallback found, from inside the
+// dispatcher. Returns true when it recorded the violation (report mode, or a
+// violation its caller knows to be by design): the op's results then stand.
+// Otherwise it returns false, or throws something of its own (the Python
 // bindings throw their own exception type, which torch's bindings would
-// otherwise turn into a plain RuntimeError). nullptr restores the default.
-using AliasingErrorReporter = void (*)(const AliasingError&);
+// otherwise turn into a plain RuntimeError), and the fallback rethrows.
+// nullptr restores the default (always rethrow).
+using AliasingErrorReporter = bool (*)(const AliasingError&);
 void set_alias_audit_error_reporter(AliasingErrorReporter reporter);
+
+// Note [One report per op call]
+// A violation in a __torch_dispatch__'s result is reported where that result
+// is checked; the same result then reaches every enclosing check (an outer
+// mode handing it back, the audit fallback) and would be blamed on each of
+// them. Whoever reports a violation notes it; an enclosing check that finds
+// one for the same op after a note was made during its call stays quiet.
+struct ReportedViolationMark {
+  uint64_t epoch = 0;
+};
+ReportedViolationMark reported_violation_mark();
+void note_reported_violation(const SchemaAliasAnalysis& analysis);
+bool reported_violation_since(
+    const ReportedViolationMark& mark,
+    const SchemaAliasAnalysis& analysis);
 
 } // namespace torch::utils

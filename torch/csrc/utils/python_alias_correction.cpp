@@ -31,45 +31,105 @@ PyObject* aliasing_error_type = nullptr; // aliasguard.AliasingError
 PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
 PyObject* empty_tuple = nullptr; // the default of a dispatch's `args`
 std::atomic<bool> correction_enabled{true};
+// aliasguard's violation hook (see set_alias_audit_reporter), or nullptr.
+// Set and read with the GIL held; leaked like the other module globals.
+PyObject* audit_reporter = nullptr;
 
 // Raises aliasguard.AliasingError (a RuntimeError) carrying the op, the
 // return index and the argument as attributes. Never throws: it runs in
 // exception handlers.
+bool set_aliasing_error_attributes(PyObject* instance, const AliasingError& error) {
+  PyObject* op = PyUnicode_FromString(error.op().c_str());
+  PyObject* return_index = PyLong_FromSize_t(error.return_index());
+  PyObject* argument = error.argument().empty()
+      ? Py_NewRef(Py_None)
+      : PyUnicode_FromString(error.argument().c_str());
+  PyObject* kind = PyUnicode_FromString(alias_violation_name(error.kind()));
+  const bool ok = op != nullptr && return_index != nullptr &&
+      argument != nullptr && kind != nullptr &&
+      PyObject_SetAttrString(instance, "op", op) == 0 &&
+      PyObject_SetAttrString(instance, "return_index", return_index) == 0 &&
+      PyObject_SetAttrString(instance, "argument", argument) == 0 &&
+      PyObject_SetAttrString(instance, "kind", kind) == 0;
+  Py_XDECREF(op);
+  Py_XDECREF(return_index);
+  Py_XDECREF(argument);
+  Py_XDECREF(kind);
+  return ok;
+}
+
 void set_python_aliasing_error(const AliasingError& error) {
   PyObject* instance = PyObject_CallFunction(
       aliasing_error_type, "s", error.what_without_backtrace());
   if (instance == nullptr) {
     return; // the failed call set its own error
   }
-  PyObject* op = PyUnicode_FromString(error.op().c_str());
-  PyObject* return_index = PyLong_FromSize_t(error.return_index());
-  PyObject* argument = error.argument().empty()
-      ? Py_NewRef(Py_None)
-      : PyUnicode_FromString(error.argument().c_str());
-  const bool ok = op != nullptr && return_index != nullptr &&
-      argument != nullptr && PyObject_SetAttrString(instance, "op", op) == 0 &&
-      PyObject_SetAttrString(instance, "return_index", return_index) == 0 &&
-      PyObject_SetAttrString(instance, "argument", argument) == 0;
-  Py_XDECREF(op);
-  Py_XDECREF(return_index);
-  Py_XDECREF(argument);
-  if (ok) {
+  if (set_aliasing_error_attributes(instance, error)) {
     PyErr_SetObject(aliasing_error_type, instance);
   }
   Py_DECREF(instance);
 }
 
-// The audit throws from inside the dispatcher, usually under one of torch's
-// own bindings, which would turn a c10::Error into a plain RuntimeError; a
-// python_error carrying our exception is restored as is instead.
-[[noreturn]] void throw_python_aliasing_error(const AliasingError& error) {
-  {
-    py::gil_scoped_acquire gil;
-    set_python_aliasing_error(error);
+// A new aliasguard.AliasingError for `error`, or nullptr with an exception
+// set.
+PyObject* new_python_aliasing_error(const AliasingError& error) {
+  PyObject* instance = PyObject_CallFunction(
+      aliasing_error_type, "s", error.what_without_backtrace());
+  if (instance != nullptr && !set_aliasing_error_attributes(instance, error)) {
+    Py_CLEAR(instance);
   }
-  python_error python_exception;
-  python_exception.persist(); // may cross to the thread that ran backward()
-  throw python_exception;
+  return instance;
+}
+
+// Note [The audit's Python reporter]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every violation the audit finds is offered to one Python callable,
+// reporter(error, owner, repaired) -> bool, with the GIL held: `owner` is the
+// class or mode whose __torch_dispatch__ returned the result (None from the
+// fallback: a kernel, or a handler aliasguard does not wrap), `repaired`
+// whether alias correction made the result keep the schema. True means it
+// was handled (recorded in report mode, or by design: tracing
+// infrastructure): the op's result stands. False means raise. Which
+// violations to record where is aliasguard/_aliasing.py's business; what is
+// a violation is decided here and in alias_correction.cpp.
+// Returns the reporter's answer; throws python_error if it raised.
+bool offer_violation(const AliasingError& error, PyObject* owner, bool repaired) {
+  if (audit_reporter == nullptr) {
+    return false;
+  }
+  PyObject* instance = new_python_aliasing_error(error);
+  if (instance == nullptr) {
+    throw python_error();
+  }
+  PyObject* answer = PyObject_CallFunction(
+      audit_reporter, "OOO", instance, owner, repaired ? Py_True : Py_False);
+  Py_DECREF(instance);
+  if (answer == nullptr) {
+    throw python_error();
+  }
+  const int handled = PyObject_IsTrue(answer);
+  Py_DECREF(answer);
+  if (handled < 0) {
+    throw python_error();
+  }
+  return handled == 1;
+}
+
+// The audit fallback's reporter. It runs inside the dispatcher, usually under
+// one of torch's own bindings, which would turn a c10::Error into a plain
+// RuntimeError; a python_error carrying our exception is thrown instead.
+bool report_fallback_violation(const AliasingError& error) {
+  py::gil_scoped_acquire gil;
+  try {
+    if (offer_violation(error, Py_None, /*repaired=*/false)) {
+      return true;
+    }
+    set_python_aliasing_error(error);
+    throw python_error();
+  } catch (python_error& python_exception) {
+    python_exception.persist(); // may cross to the thread that ran backward()
+    throw;
+  }
 }
 
 // Note [Per-OpOverload analysis cache]
@@ -270,16 +330,66 @@ class BorrowedObjects {
   std::vector<std::vector<const at::Tensor*>> lists_;
 };
 
-// Corrects (and, when auditing, checks) `out`, the result of `func` called
-// with `args`/`kwargs`. Returns the object to hand back (new reference):
-// `out`, or, for write returns, the caller's argument objects in their place.
-PyObject* correct_result(
+// The returns of `out` (borrowed from it), one per schema return.
+c10::SmallVector<PyObject*, 4> split_returns(
+    const SchemaAliasAnalysis& analysis,
+    PyObject* out) {
+  const size_t num_returns = analysis.returns().size();
+  c10::SmallVector<PyObject*, 4> outputs;
+  if (num_returns == 1) {
+    outputs.push_back(out);
+    return outputs;
+  }
+  if ((!PyTuple_Check(out) && !PyList_Check(out)) ||
+      PySequence_Fast_GET_SIZE(out) != static_cast<Py_ssize_t>(num_returns)) {
+    throw_aliasing_error(
+        analysis,
+        0,
+        std::nullopt,
+        AliasViolation::kWrongType,
+        std::string("cannot be found: the op returned a ") +
+            Py_TYPE(out)->tp_name + ", but its schema has " +
+            std::to_string(num_returns) + " returns");
+  }
+  for (size_t i = 0; i < num_returns; ++i) {
+    outputs.push_back(PySequence_Fast_GET_ITEM(out, i));
+  }
+  return outputs;
+}
+
+// Audits `out` as the result of `func(*args, **kwargs)`, changing nothing.
+void check_only(
     const PyOpEntry& entry,
     PyObject* args,
     PyObject* kwargs,
     PyObject* out,
-    bool correct,
-    bool audit) {
+    bool views_share_version_counter) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  if (analysis.returns().empty()) {
+    return;
+  }
+  const c10::SmallVector<PyObject*, 4> outputs = split_returns(analysis, out);
+  BorrowedObjects borrowed;
+  c10::SmallVector<OpValueRef, 8> arguments;
+  for (size_t i = 0; i < analysis.num_arguments(); ++i) {
+    arguments.push_back(borrowed.borrow(argument_object(entry, args, kwargs, i)));
+  }
+  c10::SmallVector<OpValueRef, 4> results;
+  for (PyObject* output : outputs) {
+    results.push_back(borrowed.borrow(output));
+  }
+  audit_aliasing_borrowed(
+      analysis, arguments, results, views_share_version_counter);
+}
+
+// Corrects `out`, the result of `func` called with `args`/`kwargs`. Returns
+// the object to hand back (new reference): `out`, or, for write returns, the
+// caller's argument objects in their place.
+PyObject* correct_result(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   const auto& returns = analysis.returns();
   const size_t num_returns = returns.size();
@@ -287,24 +397,7 @@ PyObject* correct_result(
     return Py_NewRef(out);
   }
   // Borrowed: `out` keeps them alive.
-  c10::SmallVector<PyObject*, 4> outputs;
-  if (num_returns == 1) {
-    outputs.push_back(out);
-  } else {
-    if ((!PyTuple_Check(out) && !PyList_Check(out)) ||
-        PySequence_Fast_GET_SIZE(out) != static_cast<Py_ssize_t>(num_returns)) {
-      throw_aliasing_error(
-          analysis,
-          0,
-          std::nullopt,
-          std::string("cannot be found: the op returned a ") +
-              Py_TYPE(out)->tp_name + ", but its schema has " +
-              std::to_string(num_returns) + " returns");
-    }
-    for (size_t i = 0; i < num_returns; ++i) {
-      outputs.push_back(PySequence_Fast_GET_ITEM(out, i));
-    }
-  }
+  const c10::SmallVector<PyObject*, 4> outputs = split_returns(analysis, out);
 
   BorrowedObjects borrowed;
   c10::SmallVector<PyObject*, 8> argument_objects;
@@ -318,19 +411,8 @@ PyObject* correct_result(
     results.push_back(borrowed.borrow(output));
   }
 
-  if (correct) {
-    correct_aliasing_borrowed(analysis, arguments, results);
-    for (size_t i = 0; i < num_returns; ++i) {
-      if (returns[i].is_write()) {
-        results[i] = arguments[returns[i].argument]; // what we hand back
-      }
-    }
-  }
-  if (audit) {
-    audit_aliasing_borrowed(
-        analysis, arguments, results, /*views_share_version_counter=*/true);
-  }
-  if (!correct || !analysis.has_write_returns()) {
+  correct_aliasing_borrowed(analysis, arguments, results);
+  if (!analysis.has_write_returns()) {
     return Py_NewRef(out);
   }
   // Write returns come back as the caller's own argument objects.
@@ -426,6 +508,167 @@ PyObject* translate_errors(Body&& body) {
   return nullptr;
 }
 
+// Note [Auditing a __torch_dispatch__ result]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under audit, a handler's result is checked twice around the correction: as
+// the handler returned it (views may have counters of their own there: below
+// autograd that is stock PyTorch's doing, not the handler's), then as it is
+// handed back, with the inner tensors of traceable wrappers too. A violation
+// in the first check that the second no longer finds was repaired by the
+// correction (without aliasguard, the user would hit it); one the correction
+// refused, or the second check still finds, was not. Each violation is
+// offered to the reporter once (see Note [The audit's Python reporter]): in
+// report mode the run goes on with the corrected result, or, when the
+// correction refused, with what the handler returned (stock behaviour).
+
+// Flattens a traceable wrapper (one with __tensor_flatten__) down to plain
+// tensors: appends (dotted attribute path, tensor) to `leaves`. Returns false
+// when `obj` is not traceable.
+bool flatten_traceable(
+    PyObject* obj,
+    const std::string& prefix,
+    std::vector<std::pair<std::string, at::Tensor>>& leaves,
+    int depth = 0) {
+  if (depth > 8 || !is_tensor_object(obj) ||
+      Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+    return false;
+  }
+  static PyObject* flatten_name = PyUnicode_InternFromString("__tensor_flatten__");
+  PyObject* flatten = _PyType_Lookup(Py_TYPE(obj), flatten_name); // borrowed
+  if (flatten == nullptr) {
+    return false;
+  }
+  py::object flattened = py::reinterpret_steal<py::object>(
+      PyObject_CallMethodNoArgs(obj, flatten_name));
+  if (!flattened) {
+    throw python_error();
+  }
+  py::sequence parts = py::reinterpret_borrow<py::sequence>(flattened);
+  for (py::handle name : py::reinterpret_borrow<py::sequence>(parts[0])) {
+    py::object inner = py::reinterpret_steal<py::object>(
+        PyObject_GetAttr(obj, name.ptr()));
+    if (!inner) {
+      throw python_error();
+    }
+    const std::string path = prefix + py::str(name).cast<std::string>();
+    if (!flatten_traceable(inner.ptr(), path + ".", leaves, depth + 1) &&
+        is_tensor_object(inner.ptr())) {
+      leaves.emplace_back(path, THPVariable_Unpack(inner.ptr()));
+    }
+  }
+  return true;
+}
+
+// The inner-tensor check of Note [Inner tensors of traceable wrappers] on
+// the view returns of a handed-back result.
+void audit_inner_views(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* result) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  const auto& returns = analysis.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    if (returns[i].kind != ReturnAliasKind::kView) {
+      continue;
+    }
+    PyObject* input = argument_object(entry, args, kwargs, returns[i].argument);
+    PyObject* value = returns.size() == 1 ? result
+        : (PyTuple_Check(result) || PyList_Check(result)) &&
+            PySequence_Fast_GET_SIZE(result) > static_cast<Py_ssize_t>(i)
+        ? PySequence_Fast_GET_ITEM(result, i)
+        : nullptr;
+    if (input == nullptr || value == nullptr) {
+      continue;
+    }
+    std::vector<std::pair<std::string, at::Tensor>> input_leaves;
+    if (!flatten_traceable(input, "", input_leaves)) {
+      continue;
+    }
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(input_leaves.size());
+    for (auto& leaf : input_leaves) {
+      inputs.push_back(leaf.second);
+    }
+    const bool is_sequence = PyTuple_Check(value) || PyList_Check(value);
+    const Py_ssize_t count = is_sequence ? PySequence_Fast_GET_SIZE(value) : 1;
+    for (Py_ssize_t k = 0; k < count; ++k) {
+      PyObject* output = is_sequence ? PySequence_Fast_GET_ITEM(value, k) : value;
+      std::vector<std::pair<std::string, at::Tensor>> output_leaves;
+      if (!flatten_traceable(output, "", output_leaves)) {
+        continue;
+      }
+      for (const auto& [name, leaf] : output_leaves) {
+        audit_inner_view(analysis, i, returns[i].argument, name, leaf, inputs);
+      }
+    }
+  }
+}
+
+PyObject* audited_result(
+    PyObject* owner,
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out,
+    bool correct,
+    const ReportedViolationMark& mark) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  std::optional<AliasingError> raw_error;
+  std::optional<AliasingError> refusal;
+  if (correct) {
+    try {
+      check_only(entry, args, kwargs, out, /*views_share_version_counter=*/false);
+    } catch (const AliasingError& error) {
+      raw_error = error;
+    }
+  }
+  py::object result;
+  if (correct) {
+    try {
+      result = py::reinterpret_steal<py::object>(correct_result(entry, args, kwargs, out));
+    } catch (const AliasingError& error) {
+      refusal = error;
+    }
+  }
+  if (!result) {
+    result = py::reinterpret_borrow<py::object>(out);
+  }
+  std::optional<AliasingError> remaining;
+  if (!refusal) {
+    try {
+      check_only(entry, args, kwargs, result.ptr(), /*views_share_version_counter=*/true);
+      audit_inner_views(entry, args, kwargs, result.ptr());
+    } catch (const AliasingError& error) {
+      remaining = error;
+    }
+  }
+  if (!raw_error && !refusal && !remaining) {
+    return result.release().ptr();
+  }
+  if (reported_violation_since(mark, analysis)) {
+    return result.release().ptr(); // See Note [One report per op call].
+  }
+  // What the handler got wrong and the correction fixed, then what is left.
+  // Raise mode (a reporter answering false) raises only what is left.
+  bool handled = true;
+  if (refusal) {
+    handled = offer_violation(raw_error ? *raw_error : *refusal, owner, false);
+  } else {
+    if (raw_error && (!remaining || remaining->kind() != raw_error->kind())) {
+      offer_violation(*raw_error, owner, /*repaired=*/true);
+    }
+    if (remaining) {
+      handled = offer_violation(*remaining, owner, /*repaired=*/false);
+    }
+  }
+  if (!handled) {
+    throw refusal ? *refusal : *remaining;
+  }
+  note_reported_violation(analysis);
+  return result.release().ptr();
+}
+
 // What a corrected __torch_dispatch__ returns in place of `out` (borrowed),
 // the result of `func(*args, **kwargs)` from the __torch_dispatch__ of
 // `owner` (a class or mode instance: the per-class opt-out is read on it).
@@ -435,7 +678,8 @@ PyObject* corrected_result(
     PyObject* func,
     PyObject* args,
     PyObject* kwargs,
-    PyObject* out) {
+    PyObject* out,
+    const ReportedViolationMark& mark) {
   if (out == Py_NotImplemented) {
     return Py_NewRef(out); // the dispatcher will ask someone else
   }
@@ -453,11 +697,14 @@ PyObject* corrected_result(
       return Py_NewRef(out);
     }
     check_args_kwargs(args, kwargs);
-    if (correct && !audit && entry.sole_view_argument.has_value() &&
+    if (audit) {
+      return audited_result(owner, entry, args, kwargs, out, correct, mark);
+    }
+    if (entry.sole_view_argument.has_value() &&
         correct_sole_view(entry, args, out)) {
       return Py_NewRef(out);
     }
-    return correct_result(entry, args, kwargs, out, correct, audit);
+    return correct_result(entry, args, kwargs, out);
   });
 }
 
@@ -510,6 +757,7 @@ PyObject* corrected_dispatch_call(
     size_t nargsf,
     PyObject* kwnames) {
   auto* self = reinterpret_cast<CorrectedDispatch*>(callable);
+  const ReportedViolationMark mark = reported_violation_mark();
   PyObject* out = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
   if (out == nullptr) {
     return nullptr;
@@ -530,7 +778,8 @@ PyObject* corrected_dispatch_call(
             func,
             args != nullptr ? args : empty_tuple,
             kwargs != nullptr ? kwargs : Py_None,
-            out);
+            out,
+            mark);
   Py_DECREF(out);
   return result;
 }
@@ -661,8 +910,7 @@ PyObject* explicit_correct_aliasing(
          correct_sole_view(entry, argv[1], argv[3]))) {
       return Py_NewRef(argv[3]);
     }
-    return correct_result(
-        entry, argv[1], argv[2], argv[3], /*correct=*/true, /*audit=*/false);
+    return correct_result(entry, argv[1], argv[2], argv[3]);
   });
 }
 
@@ -733,7 +981,7 @@ void init_alias_correction_bindings(pybind11::module& m) {
       py::handle(reinterpret_cast<PyObject*>(&CorrectedDispatchType)));
   // Registered after the module's own c10::Error translator, so tried first.
   py::register_local_exception_translator(&translate_aliasing_error);
-  set_alias_audit_error_reporter(&throw_python_aliasing_error);
+  set_alias_audit_error_reporter(&report_fallback_violation);
 
   m.def(
       "_set_alias_correction",
@@ -742,9 +990,34 @@ void init_alias_correction_bindings(pybind11::module& m) {
   m.def("_is_alias_correction_enabled", [] {
     return correction_enabled.load();
   });
-  m.def(
-      "_set_alias_audit", &set_alias_audit_enabled, py::arg("enabled"));
+  m.def("_alias_violation_kinds", [] {
+    std::vector<std::string> names;
+    for (auto kind = static_cast<uint8_t>(AliasViolation::kViewCopy);
+         kind <= static_cast<uint8_t>(AliasViolation::kWrongType);
+         ++kind) {
+      names.emplace_back(alias_violation_name(static_cast<AliasViolation>(kind)));
+    }
+    return names;
+  });
+  m.def("_enter_alias_audit", &enter_alias_audit);
+  m.def("_exit_alias_audit", &exit_alias_audit);
+  m.def("_alias_audit_depth", &alias_audit_depth);
+  m.def("_alias_audit_scopes", &alias_audit_scopes);
   m.def("_is_alias_audit_enabled", &is_alias_audit_enabled);
+  m.def(
+      "_set_alias_audit_reporter",
+      [](py::object reporter) {
+        // See Note [The audit's Python reporter].
+        if (!reporter.is_none() && !PyCallable_Check(reporter.ptr())) {
+          throw py::type_error(
+              "_set_alias_audit_reporter(): expected a callable or None, got " +
+              std::string(Py_TYPE(reporter.ptr())->tp_name));
+        }
+        PyObject* previous = audit_reporter;
+        audit_reporter = reporter.is_none() ? nullptr : reporter.inc_ref().ptr();
+        Py_XDECREF(previous);
+      },
+      py::arg("reporter"));
   m.def(
       "_schema_alias_info",
       &schema_alias_info,
