@@ -163,6 +163,11 @@ def _on_violation(error: AliasingError, owner: object, repaired: bool) -> bool:
             report = _open_reports[-1] if _open_reports else None
     if report is None:
         return False
+    if owner is None:  # from the fallback, on plain tensors: the innermost mode, if any, else a kernel
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        modes = _get_current_dispatch_mode_stack()
+        owner = modes[-1] if modes else None
     report.record(error, owner, repaired, location=user_location(sys._getframe(1)))
     return True
 
@@ -209,6 +214,7 @@ def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport
     if report is not None and not isinstance(report, AuditReport):
         raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type(report).__name__}")
     _C._enter_alias_audit()
+    _higher_order_ops_fall_through()
     _scopes.reports.append(report)
     if report is not None:
         with _open_reports_lock:
@@ -260,6 +266,20 @@ def _audit_new_threads(report: AuditReport) -> Iterator[None]:
             threading.Thread._bootstrap_inner = _NewThreadAudit.original  # type: ignore[attr-defined]
             _NewThreadAudit.original = None
             _NewThreadAudit.report = None
+
+
+def _higher_order_ops_fall_through() -> None:
+    """Make every higher-order operator (torch.cond, ...) skip the audit's dispatch key.
+
+    Higher-order operators dispatch in Python, on the highest key of their
+    inputs' and the thread's include set, and fail with "could not find
+    kernel" on a key they have no rule for, such as the one the audit includes.
+    The audit has nothing to check on them anyway: the ops they run are
+    dispatched, and audited, one by one.
+    """
+    audit_key = torch._C.DispatchKeySet("TESTING_ONLY_GenericMode")
+    for op in list(torch._ops._higher_order_ops.values()):
+        op.non_fallthrough_keys = op.non_fallthrough_keys - audit_key
 
 
 def _remove_last(scopes: list[Any], item: Any) -> None:

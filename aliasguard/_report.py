@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import sysconfig
 import threading
 from dataclasses import asdict, dataclass, field
 from types import FrameType
@@ -80,7 +81,7 @@ VIOLATION_KINDS: dict[str, str] = {
     ),
 }
 
-_NO_OWNER = "(kernel, or a handler aliasguard does not wrap)"
+_NO_OWNER = "(a kernel: no __torch_dispatch__ involved)"
 _NO_FRAME = "(no Python frame: backward or a C++ caller)"
 
 
@@ -155,31 +156,37 @@ def _package_dir(module_name: str) -> Optional[str]:
     return os.path.dirname(os.path.abspath(path)) + os.sep if path else None
 
 
-_SKIPPED_MODULE_NAMES = ("torch", "aliasguard", "_pytest", "pluggy", "contextlib", "threading", "unittest")
+def _library_dirs() -> tuple[str, ...]:
+    """torch, aliasguard and test runners: never the place a violation is blamed on."""
+    return tuple(d for d in (_package_dir(name) for name in ("torch", "aliasguard", "_pytest", "pluggy")) if d)
 
 
-def _skipped_dirs() -> tuple[str, ...]:
-    dirs = []
-    for name in _SKIPPED_MODULE_NAMES:
-        directory = _package_dir(name)
-        if directory is None:
-            continue
-        if name in ("contextlib", "threading"):  # single-file stdlib modules
-            dirs.append(os.path.abspath(sys.modules[name].__file__))  # type: ignore[arg-type]
-        else:
-            dirs.append(directory)
-    return tuple(dirs)
+def _installed_dirs() -> tuple[str, ...]:
+    """The standard library and installed packages: blamed only when no other frame is on the stack."""
+    paths = sysconfig.get_paths()
+    return tuple(os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
 
 
 def user_location(frame: Optional[FrameType]) -> str:
-    """``path:line`` of the innermost frame outside torch, aliasguard and test runners."""
-    skipped = _skipped_dirs()
+    """``path:line`` of the innermost frame of the user's own code.
+
+    Skips torch, aliasguard and pytest; prefers code outside the standard
+    library and installed packages (the script or test being run, or a
+    library in development), else the innermost installed package's frame (a
+    library's dispatch glue).
+    """
+    library, installed = _library_dirs(), _installed_dirs()
+    fallback: Optional[str] = None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not os.path.abspath(filename).startswith(skipped):
-            return f"{_display_path(filename)}:{frame.f_lineno}"
+        path = os.path.abspath(filename)
+        if not filename.startswith("<") and not path.startswith(library):
+            here = f"{_display_path(filename)}:{frame.f_lineno}"
+            if not path.startswith(installed):
+                return here
+            fallback = fallback or here
         frame = frame.f_back
-    return _NO_FRAME
+    return fallback or _NO_FRAME
 
 
 def _display_path(filename: str) -> str:
@@ -188,6 +195,20 @@ def _display_path(filename: str) -> str:
     except ValueError:  # another drive
         return filename
     return filename if relative.startswith(".." + os.sep + "..") else relative
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    parts: list[str] = []
+    start = previous = numbers[0]
+    for n in numbers[1:] + [None]:  # type: ignore[list-item]
+        if n is not None and n == previous + 1:
+            previous = n
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if n is not None:
+            start = previous = n
+    return ", ".join(parts)
 
 
 @dataclass
@@ -317,8 +338,12 @@ class AuditReport:
             "repaired: yes = aliasguard's alias correction fixed the result at run time "
             "(without aliasguard the bug is live); no = it could not."
         )
+        # One sentence per distinct advice, with the rows it explains.
+        rows_by_advice: dict[str, list[int]] = {}
         for i, v in enumerate(entries, 1):
-            lines.append(f"[{i}] {v.advice}")
+            rows_by_advice.setdefault(v.advice, []).append(i)
+        for advice, numbers in rows_by_advice.items():
+            lines.append(f"[{_ranges(numbers)}] {advice}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -45,6 +45,20 @@ class AuditPlugin:
         self.config = config
         self.strict = strict
         self.report: AuditReport = aliasguard.AuditReport()
+        self._retained = False
+
+    # --- the session ----------------------------------------------------------------
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # Registering the audit's fallback updates every operator's dispatch
+        # table; keep it registered for the session instead of once per phase.
+        self._aliasguard._C._retain_alias_audit_fallback()
+        self._retained = True
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._retained:
+            self._retained = False
+            self._aliasguard._C._release_alias_audit_fallback()
 
     # --- each test -------------------------------------------------------------------
 

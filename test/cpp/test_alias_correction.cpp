@@ -436,6 +436,20 @@ TEST(AliasAuditFallback, ScopesEndingOutOfOrderLeaveTheThreadAsItWas) {
   EXPECT_FALSE(audit_fallback_registered());
 }
 
+TEST(AliasAuditFallback, RetainingKeepsTheFallbackWithoutAuditingTheThread) {
+  torch::utils::retain_alias_audit_fallback();
+  EXPECT_TRUE(audit_fallback_registered());
+  EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  {
+    AuditGuard audit;
+    EXPECT_TRUE(torch::utils::is_alias_audit_enabled());
+  }
+  EXPECT_TRUE(audit_fallback_registered()); // still retained
+  torch::utils::release_alias_audit_fallback();
+  EXPECT_FALSE(audit_fallback_registered());
+  EXPECT_THROW(torch::utils::release_alias_audit_fallback(), c10::Error);
+}
+
 TEST(AliasAuditFallback, ExitWithoutEnterIsAnError) {
   EXPECT_THROW(torch::utils::exit_alias_audit(), c10::Error);
   EXPECT_EQ(torch::utils::alias_audit_scopes(), 0u);
@@ -487,12 +501,16 @@ TEST(AliasAuditFallback, ReportsABrokenKernelOnlyWhenEnabled) {
   }
 }
 
-[[noreturn]] bool throw_runtime_error(const AliasingError& error) {
+[[noreturn]] bool throw_runtime_error(
+    const AliasingError& error,
+    c10::ArrayRef<c10::IValue> /*args*/) {
   throw std::runtime_error(std::string("reported: ") + error.op());
 }
 
 int recorded_violations = 0;
-bool record_violation(const AliasingError& /*error*/) {
+bool record_violation(
+    const AliasingError& /*error*/,
+    c10::ArrayRef<c10::IValue> /*args*/) {
   ++recorded_violations;
   return true;
 }

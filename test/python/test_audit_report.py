@@ -310,6 +310,24 @@ def test_views_under_vmap_and_functionalize_are_quiet():
         torch.func.grad(lambda t: t.view(12).sum())(x)
 
 
+def test_higher_order_operators_run_under_the_audit():
+    class Mode(TorchDispatchMode):
+        supports_higher_order_operators = True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.higher_order.cond:
+                return torch.ones(3, 3)
+            return NotImplemented
+
+    x, pred = torch.randn(3), torch.tensor(True)
+    with aliasguard.audit():
+        out = torch.cond(pred, lambda t: t.sin(), lambda t: t.cos(), (x,))
+        torch.testing.assert_close(out, x.sin())
+        with Mode():
+            answered = torch.cond(pred, lambda t: t.sin(), lambda t: t.cos(), (x,))
+    assert torch.equal(answered, torch.ones(3, 3))
+
+
 def test_fake_tensor_mode_and_compile_are_quiet():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

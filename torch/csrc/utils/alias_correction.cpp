@@ -906,7 +906,7 @@ void audit_fallback(
       return;
     }
     AliasingErrorReporter reporter = audit_error_reporter.load();
-    if (reporter != nullptr && reporter(error)) {
+    if (reporter != nullptr && reporter(error, args)) {
       note_reported_violation(*analysis);
       return;
     }
@@ -988,7 +988,10 @@ void audit_inner_view(
 // TESTING_ONLY_GenericMode is borrowed, and others (torch's own tests) use
 // it too. A process-wide count of open scopes registers it on 0 -> 1 and
 // removes it on 1 -> 0; a per-thread depth includes the key in the thread's
-// TLS while the thread has a scope open. Counting rather than saving and
+// TLS while the thread has a scope open. Registering updates every
+// operator's dispatch table (~17 ms), so a test runner that audits test
+// after test retains the registration for its whole session. Counting
+// rather than saving and
 // restoring the previous state makes scopes that end out of order (two
 // context managers entered A, B and exited A, B) leave the thread as it was.
 // The registration handle is leaked on purpose: the dispatcher may be gone
@@ -1014,26 +1017,39 @@ thread_local const SchemaAliasAnalysis* reported_op = nullptr;
 
 } // namespace
 
-void enter_alias_audit() {
+void retain_alias_audit_fallback() {
   AuditRegistration& registration = audit_registration();
-  {
-    const std::lock_guard<std::mutex> lock(registration.mutex);
-    if (registration.scopes == 0) {
-      c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
-      TORCH_CHECK(
-          !dispatcher.hasBackendFallbackForDispatchKey(kAuditKey),
-          "aliasguard.audit(): the dispatch key ",
-          kAuditKey,
-          ", which the audit borrows (stock PyTorch has no free key above "
-          "autograd), already has a fallback registered by someone else; "
-          "remove that registration before auditing");
-      registration.handle.emplace(dispatcher.registerFallback(
-          kAuditKey,
-          c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
-          "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
-    }
-    ++registration.scopes;
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  if (registration.scopes == 0) {
+    c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+    TORCH_CHECK(
+        !dispatcher.hasBackendFallbackForDispatchKey(kAuditKey),
+        "aliasguard.audit(): the dispatch key ",
+        kAuditKey,
+        ", which the audit borrows (stock PyTorch has no free key above "
+        "autograd), already has a fallback registered by someone else; "
+        "remove that registration before auditing");
+    registration.handle.emplace(dispatcher.registerFallback(
+        kAuditKey,
+        c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
+        "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
   }
+  ++registration.scopes;
+}
+
+void release_alias_audit_fallback() {
+  AuditRegistration& registration = audit_registration();
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  TORCH_CHECK(
+      registration.scopes > 0,
+      "aliasguard.audit(): the audit fallback is not retained");
+  if (--registration.scopes == 0) {
+    registration.handle.reset();
+  }
+}
+
+void enter_alias_audit() {
+  retain_alias_audit_fallback();
   if (audit_depth++ == 0) {
     c10::impl::tls_set_dispatch_key_included(kAuditKey, true);
   }
@@ -1046,11 +1062,7 @@ void exit_alias_audit() {
   if (--audit_depth == 0) {
     c10::impl::tls_set_dispatch_key_included(kAuditKey, false);
   }
-  AuditRegistration& registration = audit_registration();
-  const std::lock_guard<std::mutex> lock(registration.mutex);
-  if (--registration.scopes == 0) {
-    registration.handle.reset();
-  }
+  release_alias_audit_fallback();
 }
 
 size_t alias_audit_depth() {

@@ -229,18 +229,25 @@ bool is_alias_audit_enabled();
 void enter_alias_audit();
 // Ends one scope of this thread; an error if it has none.
 void exit_alias_audit();
+// Keeps the fallback registered without auditing any thread (a scope of no
+// thread): for callers that open and close many scopes in a row, since
+// registering updates every operator's dispatch table. Same errors as
+// enter_alias_audit / exit_alias_audit.
+void retain_alias_audit_fallback();
+void release_alias_audit_fallback();
 // Scopes open on this thread / on all threads together.
 size_t alias_audit_depth();
 size_t alias_audit_scopes();
 
-// Called with a violation the audit fallback found, from inside the
-// dispatcher. Returns true when it recorded the violation (report mode, or a
+// Called with a violation the audit fallback found and the op's arguments,
+// from inside the dispatcher. Returns true when it recorded the violation (report mode, or a
 // violation its caller knows to be by design): the op's results then stand.
 // Otherwise it returns false, or throws something of its own (the Python
 // bindings throw their own exception type, which torch's bindings would
 // otherwise turn into a plain RuntimeError), and the fallback rethrows.
 // nullptr restores the default (always rethrow).
-using AliasingErrorReporter = bool (*)(const AliasingError&);
+using AliasingErrorReporter =
+    bool (*)(const AliasingError&, c10::ArrayRef<c10::IValue> args);
 void set_alias_audit_error_reporter(AliasingErrorReporter reporter);
 
 // Note [One report per op call]

@@ -85,8 +85,9 @@ PyObject* new_python_aliasing_error(const AliasingError& error) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every violation the audit finds is offered to one Python callable,
 // reporter(error, owner, repaired) -> bool, with the GIL held: `owner` is the
-// class or mode whose __torch_dispatch__ returned the result (None from the
-// fallback: a kernel, or a handler aliasguard does not wrap), `repaired`
+// class or mode whose __torch_dispatch__ returned the result (from the
+// fallback: the first tensor subclass among the op's arguments, whose
+// dispatch aliasguard does not wrap, or None: a kernel), `repaired`
 // whether alias correction made the result keep the schema. True means it
 // was handled (recorded in report mode, or by design: tracing
 // infrastructure): the op's result stands. False means raise. Which
@@ -118,10 +119,30 @@ bool offer_violation(const AliasingError& error, PyObject* owner, bool repaired)
 // The audit fallback's reporter. It runs inside the dispatcher, usually under
 // one of torch's own bindings, which would turn a c10::Error into a plain
 // RuntimeError; a python_error carrying our exception is thrown instead.
-bool report_fallback_violation(const AliasingError& error) {
+bool report_fallback_violation(
+    const AliasingError& error,
+    c10::ArrayRef<c10::IValue> args) {
   py::gil_scoped_acquire gil;
   try {
-    if (offer_violation(error, Py_None, /*repaired=*/false)) {
+    // Blame the first tensor subclass among the arguments (DTensor, say,
+    // whose dispatch aliasguard does not wrap), or no one.
+    py::object owner = py::none();
+    for (const c10::IValue& arg : args) {
+      if (!arg.isTensor() || !arg.toTensor().defined()) {
+        continue;
+      }
+      py::object tensor = py::reinterpret_steal<py::object>(
+          THPVariable_Wrap(arg.toTensor()));
+      if (!tensor) {
+        throw python_error();
+      }
+      if (!THPVariable_CheckExact(tensor.ptr())) {
+        owner = py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(Py_TYPE(tensor.ptr())));
+        break;
+      }
+    }
+    if (offer_violation(error, owner.ptr(), /*repaired=*/false)) {
       return true;
     }
     set_python_aliasing_error(error);
@@ -1001,6 +1022,8 @@ void init_alias_correction_bindings(pybind11::module& m) {
   });
   m.def("_enter_alias_audit", &enter_alias_audit);
   m.def("_exit_alias_audit", &exit_alias_audit);
+  m.def("_retain_alias_audit_fallback", &retain_alias_audit_fallback);
+  m.def("_release_alias_audit_fallback", &release_alias_audit_fallback);
   m.def("_alias_audit_depth", &alias_audit_depth);
   m.def("_alias_audit_scopes", &alias_audit_scopes);
   m.def("_is_alias_audit_enabled", &is_alias_audit_enabled);
