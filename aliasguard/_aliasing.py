@@ -230,11 +230,21 @@ def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport
 
 
 class _NewThreadAudit:
-    """Audits threads started while ``report`` is set (see ``audit_new_threads``)."""
+    """The reports that threads started now are audited into (see ``_audit_new_threads``)."""
 
     lock = threading.Lock()
-    report: Optional[AuditReport] = None
-    original: Any = None
+    reports: list[AuditReport] = []
+    # Captured at import, before anything of ours could have replaced it.
+    original: Any = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+
+def _audited_bootstrap_inner(thread: threading.Thread) -> None:
+    with _NewThreadAudit.lock:
+        target = _NewThreadAudit.reports[-1] if _NewThreadAudit.reports else None
+    if target is None:
+        return _NewThreadAudit.original(thread)
+    with audit(report=target):
+        return _NewThreadAudit.original(thread)
 
 
 @contextlib.contextmanager
@@ -242,30 +252,20 @@ def _audit_new_threads(report: AuditReport) -> Iterator[None]:
     """Threads started (through ``threading.Thread``) inside the block run under ``audit(report=report)``.
 
     For the pytest plugin and the CLI. Patches ``Thread._bootstrap_inner``, the
-    one place every ``threading.Thread`` passes through, whatever its ``run``.
+    one place every ``threading.Thread`` passes through, whatever its ``run``;
+    nests (the innermost block's report receives).
     """
     with _NewThreadAudit.lock:
-        if _NewThreadAudit.original is not None:
-            raise RuntimeError("aliasguard: new threads are already being audited")
-        original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
-
-        def _bootstrap_inner(thread: threading.Thread) -> None:
-            target = _NewThreadAudit.report
-            if target is None:
-                return original(thread)
-            with audit(report=target):
-                return original(thread)
-
-        _NewThreadAudit.original = original
-        _NewThreadAudit.report = report
-        threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+        if not _NewThreadAudit.reports:
+            threading.Thread._bootstrap_inner = _audited_bootstrap_inner  # type: ignore[attr-defined]
+        _NewThreadAudit.reports.append(report)
     try:
         yield
     finally:
         with _NewThreadAudit.lock:
-            threading.Thread._bootstrap_inner = _NewThreadAudit.original  # type: ignore[attr-defined]
-            _NewThreadAudit.original = None
-            _NewThreadAudit.report = None
+            _remove_last(_NewThreadAudit.reports, report)
+            if not _NewThreadAudit.reports:
+                threading.Thread._bootstrap_inner = _NewThreadAudit.original  # type: ignore[attr-defined]
 
 
 def _higher_order_ops_fall_through() -> None:

@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_map_only
 
 import aliasguard
 from aliasguard import AliasingError, AuditReport, _C
-from aliasguard._aliasing import _audit_new_threads
+from aliasguard._aliasing import _audit_new_threads, _NewThreadAudit
 from aliasguard._report import VIOLATION_KINDS, describe_violation
 
 aten = torch.ops.aten
@@ -188,8 +188,15 @@ def test_threads_started_inside_the_block_report_into_it():
         thread = threading.Thread(target=work)
         thread.start()
         thread.join()
+        inner = AuditReport()
+        with _audit_new_threads(inner):  # nests: the innermost block's report receives
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
     [entry] = report.violations()
-    assert entry.kind == "view_copy" and "test_audit_report.py" in entry.location
+    assert entry.kind == "view_copy" and "test_audit_report.py" in entry.location and entry.count == 1
+    assert inner.occurrences == 1
+    assert threading.Thread._bootstrap_inner is _NewThreadAudit.original  # restored
 
 
 def test_report_format_and_json():
