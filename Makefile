@@ -11,9 +11,9 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: setup build demo test test-cpp test-python bench clean
+.PHONY: setup build demo test test-cpp test-python lint bench clean
 
-setup: $(VENV)/.ready /usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h
+setup: $(VENV)/.ready /usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h /usr/bin/clang-format
 
 # torch is pinned exactly: any range would let pip fetch a multi-GB CUDA build.
 $(VENV)/.ready: requirements-dev.txt
@@ -21,7 +21,7 @@ $(VENV)/.ready: requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-/usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h:
+/usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h /usr/bin/clang-format:
 	tools/install_system_deps.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt | setup
@@ -39,7 +39,16 @@ test-cpp: build
 test-python: build
 	$(PY) -m pytest test/python
 
-test: test-cpp test-python
+# clang-format (.clang-format) on the C++, ruff on all Python, mypy over the
+# typed package (pyproject.toml); a few seconds, no build needed.
+LINT_CXX = $(shell find c10 aten torch test/cpp bench -name '*.cpp' -o -name '*.h')
+lint: $(VENV)/.ready /usr/bin/clang-format
+	@echo "clang-format --dry-run --Werror ($(words $(LINT_CXX)) C++ files)"
+	@clang-format --dry-run --Werror $(LINT_CXX)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint test-cpp test-python
 
 bench: build
 	$(PY) bench/run_benchmarks.py

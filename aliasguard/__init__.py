@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from aliasguard import _C
+from aliasguard import _C  # noqa: F401  (loads the C++ core first)
+from aliasguard import _torch_internals  # noqa: F401  (its self-test runs on import)
 from aliasguard._views import mark_as_view, shares_version_counter, track_views
 
 __version__ = "0.1.0"

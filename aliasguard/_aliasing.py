@@ -33,10 +33,19 @@ import warnings
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from aliasguard import _C
 from aliasguard._report import AuditReport, user_location
+from aliasguard._torch_internals import (
+    TorchDispatchMode,
+    audit_key_set,
+    current_dispatch_modes,
+    disabled_torch_dispatch_impl,
+    functorch_transform_active,
+    higher_order_ops,
+    is_audit_quiet_infrastructure,
+    is_tracing_infrastructure,
+)
 
 __all__ = [
     "AliasingError",
@@ -60,27 +69,6 @@ _OPT_OUT_ATTRIBUTE = "__aliasguard_fixup__"
 # Our wrappers' attribute holding the wrapped function; marks our hooks too.
 _WRAPPED_MARK = "__aliasguard_wrapped__"
 _HOOK_MARK = "__aliasguard_hook__"
-
-# Tracing infrastructure implements aliasing on its own terms (fake tensors
-# keep meta storage behind a fake device, functionalization removes aliasing,
-# proxy tracing records ops), and torch.compile depends on its exact outputs:
-# e.g. FakeTensorMode answers aten::lift_fresh of a real tensor with a fake
-# one, which must not be given the real tensor's storage.
-_INFRASTRUCTURE_MODULE_PREFIXES = (
-    "torch._subclasses.",
-    "torch._functorch.",
-    "torch._dynamo.",
-    "torch._inductor.",
-    "torch._export.",
-    "torch.export.",
-    "torch._higher_order_ops.",
-    "torch._prims",
-    "torch.fx.",
-)
-# Selective checkpointing's recompute mode answers ops, views included, with
-# tensors cached in the forward pass: by design they alias the forward's
-# inputs, not the recomputed ones.
-_INFRASTRUCTURE_CLASSES = frozenset({"torch.utils.checkpoint._CachedTorchDispatchMode"})
 
 _WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__")
 
@@ -141,17 +129,12 @@ _open_reports_lock = threading.Lock()
 
 def _infrastructure_active() -> bool:
     """Whether tracing infrastructure (fake, proxy, functional modes; functorch) is running."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    # Tracing only: selective checkpointing's recompute mode, also left alone by
-    # the correction, is audited (its cached views are no views of the
-    # recomputed inputs, which the audit is right to report).
-    if any(_is_tracing_infrastructure(type(mode)) for mode in _get_current_dispatch_mode_stack()):
+    if any(is_audit_quiet_infrastructure(type(mode)) for mode in current_dispatch_modes()):
         return True
-    return torch._C._functorch.peek_interpreter_stack() is not None
+    return functorch_transform_active()
 
 
-def _on_violation(error: AliasingError, owner: object, repaired: bool) -> bool:
+def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:
     """The audit's reporter (see Note [The audit's Python reporter]): True when handled."""
     if _infrastructure_active():
         return True  # see Note [What the audit leaves alone]
@@ -164,9 +147,7 @@ def _on_violation(error: AliasingError, owner: object, repaired: bool) -> bool:
     if report is None:
         return False
     if owner is None:  # from the fallback, on plain tensors: the innermost mode, if any, else a kernel
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        modes = _get_current_dispatch_mode_stack()
+        modes = current_dispatch_modes()
         owner = modes[-1] if modes else None
     report.record(error, owner, repaired, location=user_location(sys._getframe(1)))
     return True
@@ -277,8 +258,8 @@ def _higher_order_ops_fall_through() -> None:
     The audit has nothing to check on them anyway: the ops they run are
     dispatched, and audited, one by one.
     """
-    audit_key = torch._C.DispatchKeySet("TESTING_ONLY_GenericMode")
-    for op in list(torch._ops._higher_order_ops.values()):
+    audit_key = audit_key_set()
+    for op in higher_order_ops():
         op.non_fallthrough_keys = op.non_fallthrough_keys - audit_key
 
 
@@ -296,7 +277,7 @@ def _wrap_bound(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrapper for a dispatch called with its owner (cls or self) first.
 
     A C callable that binds like a function (see Note [The corrected
-    __torch_dispatch__ wrapper] in python_alias_correction.cpp).
+    __torch_dispatch__ wrapper] in python_corrected_dispatch.cpp).
     """
     wrapper = _C._CorrectedDispatch(fn)
     functools.update_wrapper(wrapper, fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
@@ -310,21 +291,11 @@ def _wrap_static(fn: Callable[..., Any], owner: type) -> Callable[..., Any]:
     return wrapper
 
 
-def _is_tracing_infrastructure(cls: type) -> bool:
-    module = getattr(cls, "__module__", "") or ""
-    return module.startswith(_INFRASTRUCTURE_MODULE_PREFIXES)
-
-
-def _is_infrastructure(cls: type) -> bool:
-    module = getattr(cls, "__module__", "") or ""
-    return _is_tracing_infrastructure(cls) or f"{module}.{cls.__qualname__}" in _INFRASTRUCTURE_CLASSES
-
-
 def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
     """The replacement for ``cls.__dict__['__torch_dispatch__']``, or None to keep it."""
     if isinstance(raw, (classmethod, staticmethod)):
         fn = raw.__func__
-        if hasattr(fn, _WRAPPED_MARK) or fn is torch._C._disabled_torch_dispatch_impl:
+        if hasattr(fn, _WRAPPED_MARK) or fn is disabled_torch_dispatch_impl:
             return None
         if isinstance(raw, classmethod):
             return classmethod(_wrap_bound(fn))
@@ -333,7 +304,7 @@ def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
         return None
     if isinstance(raw, types.FunctionType):
         return None if hasattr(raw, _WRAPPED_MARK) else _wrap_bound(raw)
-    if raw is not torch._C._disabled_torch_dispatch_impl:
+    if raw is not disabled_torch_dispatch_impl:
         warnings.warn(
             f"aliasguard: {cls.__module__}.{cls.__qualname__}.__torch_dispatch__ is a "
             f"{type(raw).__name__}, not a function, classmethod or staticmethod; its "
@@ -346,7 +317,7 @@ def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
 def _install_on(cls: type) -> bool:
     """Wrap the ``__torch_dispatch__`` defined by ``cls`` itself; True if wrapped."""
     raw = cls.__dict__.get("__torch_dispatch__")
-    if raw is None or _is_infrastructure(cls):
+    if raw is None or is_tracing_infrastructure(cls):
         return False
     replacement = _corrected_descriptor(cls, raw)
     if replacement is None:
@@ -359,6 +330,7 @@ def _subclasses(root: type) -> Iterator[type]:
     seen: set[type] = set()
     pending = [root]
     while pending:
+        sub: type
         for sub in type.__subclasses__(pending.pop()):
             if sub not in seen:
                 seen.add(sub)
@@ -369,7 +341,7 @@ def _subclasses(root: type) -> Iterator[type]:
 def _hook_init_subclass(base: type) -> None:
     """Make ``base.__init_subclass__`` install the correction on new subclasses."""
     current = base.__dict__.get("__init_subclass__")
-    if getattr(current, "__func__", None) is not None and hasattr(current.__func__, _HOOK_MARK):
+    if hasattr(getattr(current, "__func__", None), _HOOK_MARK):
         return
     if current is not None:
         previous = current.__func__ if isinstance(current, classmethod) else current
@@ -380,7 +352,7 @@ def _hook_init_subclass(base: type) -> None:
     else:
 
         def call_previous(cls: type, **kwargs: Any) -> None:
-            super(base, cls).__init_subclass__(**kwargs)
+            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
 
     def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807
         call_previous(cls, **kwargs)

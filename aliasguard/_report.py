@@ -164,7 +164,9 @@ def _library_dirs() -> tuple[str, ...]:
 def _installed_dirs() -> tuple[str, ...]:
     """The standard library and installed packages: blamed only when no other frame is on the stack."""
     paths = sysconfig.get_paths()
-    return tuple(os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
+    return tuple(
+        os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths
+    )
 
 
 def user_location(frame: Optional[FrameType]) -> str:
@@ -201,13 +203,13 @@ def _ranges(numbers: list[int]) -> str:
     """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
     parts: list[str] = []
     start = previous = numbers[0]
-    for n in numbers[1:] + [None]:  # type: ignore[list-item]
-        if n is not None and n == previous + 1:
+    for n in numbers[1:]:
+        if n == previous + 1:
             previous = n
             continue
         parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if n is not None:
-            start = previous = n
+        start = previous = n
+    parts.append(str(start) if start == previous else f"{start}-{previous}")
     return ", ".join(parts)
 
 

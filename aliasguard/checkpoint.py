@@ -56,6 +56,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import FrameType
 from typing import (
     Any,
     Callable,
@@ -75,6 +76,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten, TreeSpec
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
+from aliasguard import _C
+from aliasguard._torch_internals import is_alias_of
 from aliasguard._views import mark_as_view, shares_version_counter
 
 __all__ = [
@@ -147,7 +150,7 @@ def _user_location() -> str:
     Walking frames is cheap (no traceback objects, no source lines read), and
     holding only a string keeps no frame, and so none of its locals, alive.
     """
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(_LIBRARY_DIRS):
@@ -164,21 +167,15 @@ class _OpAliasInfo:
     __slots__ = ("written_args", "is_view", "is_mutating")
 
     def __init__(self, op: OpOverload) -> None:
-        schema = op._schema
-        written: List[Tuple[int, str]] = []
-        for position, argument in enumerate(schema.arguments):
-            alias = argument.alias_info
-            if alias is not None and alias.is_write:
-                written.append((position, argument.name))
+        # The C++ schema analysis (aliasguard._C._op_alias_info), not a
+        # second reading of the schema here.
+        info = _C._op_alias_info(op)
         # (position, name) of every argument the op writes to; kwarg-only
         # arguments (out=) are found by name.
-        self.written_args: Tuple[Tuple[int, str], ...] = tuple(written)
-        self.is_mutating = bool(written)
+        self.written_args: Tuple[Tuple[int, str], ...] = info.written_arguments if info else ()
+        self.is_mutating = bool(self.written_args)
         # An output annotated Tensor(a) (not a!) is a view of an input.
-        self.is_view = any(
-            ret.alias_info is not None and not ret.alias_info.is_write
-            for ret in schema.returns
-        )
+        self.is_view = bool(info and info.may_return_views)
 
 
 _alias_info_cache: Dict[Any, Optional[_OpAliasInfo]] = {}
@@ -349,7 +346,7 @@ class _CachingMode(TorchDispatchMode):
             isinstance(out, torch.Tensor)
             and isinstance(source, torch.Tensor)
             and not out.is_inference()
-            and torch._C._is_alias_of(out, source)
+            and is_alias_of(out, source)
             and not shares_version_counter(out, source)
         ):
             # A non-differentiable view only shares the counter; the autograd

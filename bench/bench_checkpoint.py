@@ -24,11 +24,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import aliasguard
+from aliasguard.testing import StorageTracker
 from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
 
 aten = torch.ops.aten
@@ -85,24 +83,6 @@ def make_variants(blocks: torch.nn.ModuleList) -> Dict[str, Callable[[torch.Tens
         ),
         "aliasguard SAC": run(lambda block, x: aliasguard_checkpoint(block, x, policy=SAVE_MATMULS)),
     }
-
-
-class StorageTracker(TorchDispatchMode):
-    """Remembers every storage an op returns; reports the bytes still alive."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.storages: Dict[int, Tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                known = self.storages.get(storage._cdata)
-                if known is None or known[0].expired():
-                    self.storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
-        return out
 
 
 def saved_activation_bytes(

@@ -119,7 +119,9 @@ def _table_rows(output: str) -> list[str]:
 
 
 def test_plugin_reports_only_the_buggy_subclass(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("-p", "aliasguard.pytest_plugin", "--aliasguard-audit", "-p", "no:cacheprovider")
+    result = suite.runpytest_subprocess(
+        "-p", "aliasguard.pytest_plugin", "--aliasguard-audit", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=4)
     output = result.stdout.str()
     assert "aliasguard audit" in output
@@ -133,7 +135,9 @@ def test_plugin_reports_only_the_buggy_subclass(suite: pytest.Pytester) -> None:
     }
     by_kind = {row.split()[3]: row for row in rows}
     assert " yes " in by_kind["view_storage"] and " no " in by_kind["view_inner_copy"]
-    assert "test_lib.py:7" in by_kind["view_inner_copy"] and "test_lib.py::test_buggy_view" in by_kind["view_inner_copy"]
+    assert (
+        "test_lib.py:7" in by_kind["view_inner_copy"] and "test_lib.py::test_buggy_view" in by_kind["view_inner_copy"]
+    )
     assert "test_lib.py:12" in by_kind["write_not_argument"]
     assert "test_lib.py::test_buggy_inplace" in by_kind["write_not_argument"]
     assert "apply the view op to each inner tensor instead of copying it" in output
@@ -143,23 +147,35 @@ def test_plugin_reports_only_the_buggy_subclass(suite: pytest.Pytester) -> None:
 def test_plugin_strict_fails_the_tests_that_trigger_a_violation(suite: pytest.Pytester) -> None:
     json_path = suite.path / "audit.json"
     result = suite.runpytest_subprocess(
-        "-p", "aliasguard.pytest_plugin", "--aliasguard-audit=strict", f"--aliasguard-audit-json={json_path}", "-p", "no:cacheprovider"
+        "-p",
+        "aliasguard.pytest_plugin",
+        "--aliasguard-audit=strict",
+        f"--aliasguard-audit-json={json_path}",
+        "-p",
+        "no:cacheprovider",
     )
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["FAILED test_lib.py::test_buggy_view*", "FAILED test_lib.py::test_buggy_inplace*"])
     assert "aliasguard audit (strict) of test_lib.py::test_buggy_view" in result.stdout.str()
     data = json.loads(json_path.read_text())
     assert data["distinct"] == 3
-    assert {v["example"] for v in data["violations"]} == {"test_lib.py::test_buggy_view", "test_lib.py::test_buggy_inplace"}
+    assert {v["example"] for v in data["violations"]} == {
+        "test_lib.py::test_buggy_view",
+        "test_lib.py::test_buggy_inplace",
+    }
 
 
 def test_entry_point_is_inert_without_the_option(suite: pytest.Pytester) -> None:
     # What `pip install` registers (aliasguard_pytest) must not import aliasguard, which changes torch.
-    suite.makepyfile(test_inert="import sys\n\ndef test_aliasguard_not_imported():\n    assert 'aliasguard' not in sys.modules\n")
+    suite.makepyfile(
+        test_inert="import sys\n\ndef test_aliasguard_not_imported():\n    assert 'aliasguard' not in sys.modules\n"
+    )
     result = suite.runpytest_subprocess("-p", "aliasguard_pytest", "-p", "no:cacheprovider", "test_inert.py")
     result.assert_outcomes(passed=1)
     assert "aliasguard audit" not in result.stdout.str()
-    audited = suite.runpytest_subprocess("-p", "aliasguard_pytest", "--aliasguard-audit", "-p", "no:cacheprovider", "test_lib.py")
+    audited = suite.runpytest_subprocess(
+        "-p", "aliasguard_pytest", "--aliasguard-audit", "-p", "no:cacheprovider", "test_lib.py"
+    )
     audited.assert_outcomes(passed=4)
     assert "3 distinct aliasing violations" in audited.stdout.str()
     bad = suite.runpytest_subprocess("-p", "aliasguard_pytest", "--aliasguard-audit-json=x.json")
@@ -196,7 +212,12 @@ SCRIPT = textwrap.dedent(
 def _run_cli(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     return subprocess.run(
-        [sys.executable, "-m", "aliasguard", "audit", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "aliasguard", "audit", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

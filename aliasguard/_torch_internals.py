@@ -1,0 +1,283 @@
+"""The one place where aliasguard's Python code reaches torch's private APIs.
+
+Every private torch name the package uses is bound here, each with a Note on
+why it is needed and what upstream would offer instead, and :func:`self_test`
+runs when the module is first imported: if a torch release renamed, removed or
+changed one of them, ``import aliasguard`` fails with an :class:`ImportError`
+naming the internal, instead of misbehaving later. The C++ counterpart is
+``torch/csrc/utils/torch_internals.h`` (and ``python_torch_internals.h`` for
+the CPython side); its self-test runs from here too.
+
+Other modules import the names below from this module, never from torch's
+private modules directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+__all__ = [
+    "INFRASTRUCTURE_CLASSES",
+    "INFRASTRUCTURE_MODULE_PREFIXES",
+    "TorchDispatchMode",
+    "audit_key_set",
+    "current_dispatch_modes",
+    "functorch_transform_active",
+    "higher_order_ops",
+    "checkpoint_error_type",
+    "disabled_torch_dispatch_impl",
+    "has_kernel_for_dispatch_key",
+    "is_alias_of",
+    "is_audit_quiet_infrastructure",
+    "is_tracing_infrastructure",
+    "sac_ignored_ops",
+    "self_test",
+]
+
+# Note [TorchDispatchMode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.utils._python_dispatch is private by name but is the documented home
+# of TorchDispatchMode, the base class of every dispatch mode; alias
+# correction hooks its __init_subclass__. Upstream: a public re-export
+# (torch.utils.python_dispatch) would do.
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+# Note [Disabled __torch_dispatch__ sentinel]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A class that sets `__torch_dispatch__ = torch._C._disabled_torch_dispatch_impl`
+# opts out of Python dispatch (torch.Tensor itself does); there is nothing to
+# correct and wrapping it would turn the sentinel into a real dispatch.
+# Upstream: a public predicate "does this class define __torch_dispatch__".
+disabled_torch_dispatch_impl: Any = getattr(torch._C, "_disabled_torch_dispatch_impl", None)
+
+# Note [Tracing infrastructure is not corrected]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Tracing infrastructure implements aliasing on its own terms (fake tensors
+# keep meta storage behind a fake device, functionalization removes aliasing,
+# proxy tracing records ops), and torch.compile depends on its exact outputs:
+# FakeTensorMode answers aten::lift_fresh of a real tensor with a fake one,
+# which must not be given the real tensor's storage. torch has no flag that
+# marks such modes, so they are recognised by the module that defines them.
+# Selective checkpointing's recompute mode answers ops, views included, with
+# tensors cached in the forward pass: by design they alias the forward's
+# inputs, not the recomputed ones. Upstream: a class attribute (say
+# `_is_infra_mode`, which some modes already carry) on every such mode.
+INFRASTRUCTURE_MODULE_PREFIXES: Tuple[str, ...] = (
+    "torch._subclasses.",
+    "torch._functorch.",
+    "torch._dynamo.",
+    "torch._inductor.",
+    "torch._export.",
+    "torch.export.",
+    "torch._higher_order_ops.",
+    "torch._prims",
+    "torch.fx.",
+)
+INFRASTRUCTURE_CLASSES = frozenset({"torch.utils.checkpoint._CachedTorchDispatchMode"})
+
+# Classes the prefixes above must keep matching: if torch moves one, the
+# self-test says so rather than letting correction rewrite its results.
+_INFRASTRUCTURE_SAMPLES = (
+    "torch._subclasses.fake_tensor.FakeTensorMode",
+    "torch._subclasses.functional_tensor.FunctionalTensorMode",
+    "torch.fx.experimental.proxy_tensor.ProxyTorchDispatchMode",
+)
+
+
+def is_tracing_infrastructure(cls: type) -> bool:
+    """Whether ``cls`` is one of torch's tracing modes/subclasses (see the Note above)."""
+    module = getattr(cls, "__module__", "") or ""
+    return module.startswith(INFRASTRUCTURE_MODULE_PREFIXES) or (
+        f"{module}.{cls.__qualname__}" in INFRASTRUCTURE_CLASSES
+    )
+
+
+def is_audit_quiet_infrastructure(cls: type) -> bool:
+    """Whether the audit leaves ops run under ``cls`` (a mode) alone.
+
+    Tracing infrastructure only, by module (see the Note above): selective
+    checkpointing's recompute mode, which correction leaves alone, is audited,
+    since its cached views are no views of the recomputed inputs.
+    """
+    module = getattr(cls, "__module__", "") or ""
+    return module.startswith(INFRASTRUCTURE_MODULE_PREFIXES)
+
+
+# Note [Audit context]
+# ~~~~~~~~~~~~~~~~~~~~
+# The audit's reporter decides, on a violation, who is responsible and
+# whether tracing runs: the stack of active dispatch modes
+# (torch.utils._python_dispatch._get_current_dispatch_mode_stack) and
+# whether a functorch transform (vmap, grad, functionalize) is active
+# (torch._C._functorch.peek_interpreter_stack). Higher-order operators
+# (torch.cond, ...) dispatch in Python on the highest key of the thread's
+# include set, so they must be told to fall through the key the audit
+# includes: torch._ops._higher_order_ops lists them, and their
+# non_fallthrough_keys is the set they consult. Upstream: a public mode-stack
+# accessor, and a dedicated audit key that higher-order operators know.
+_AUDIT_DISPATCH_KEY = "TESTING_ONLY_GenericMode"  # torch_internals.h: kAuditDispatchKey
+
+
+def current_dispatch_modes() -> List[Any]:
+    """The active dispatch modes, outermost first."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def functorch_transform_active() -> bool:
+    """Whether a functorch transform (vmap, grad, functionalize, ...) is running."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def higher_order_ops() -> List[Any]:
+    """Every higher-order operator created so far."""
+    return list(torch._ops._higher_order_ops.values())
+
+
+def audit_key_set() -> Any:
+    """The DispatchKeySet of the key the audit borrows."""
+    return torch._C.DispatchKeySet(_AUDIT_DISPATCH_KEY)  # type: ignore[arg-type]  # accepts key names
+
+
+# Note [Selective checkpointing internals]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# aliasguard.checkpoint mirrors torch's selective checkpointing and must agree
+# with it on which ops neither mode counts (SAC_IGNORED_OPS: the forward and
+# the recompute run different numbers of them) and raise the error type
+# torch's own recompute raises (CheckpointError), so that callers catching
+# torch's error catch ours. Upstream: both are public in spirit (documented in
+# torch.utils.checkpoint's docstrings) but not in __all__.
+def sac_ignored_ops() -> frozenset[Any]:
+    """Ops torch's selective checkpointing neither caches nor counts."""
+    import torch.utils.checkpoint as checkpoint
+
+    return frozenset(checkpoint.SAC_IGNORED_OPS)
+
+
+def checkpoint_error_type() -> type:
+    """``torch.utils.checkpoint.CheckpointError``."""
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint.CheckpointError
+
+
+# Note [Storage alias test]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch._C._is_alias_of(a, b) answers "do a and b share a storage" without
+# touching a wrapper subclass's storage() (which raises). Upstream: a public
+# Tensor.is_alias_of (it exists in C++ as at::Tensor::is_alias_of).
+def is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share a storage."""
+    return bool(torch._C._is_alias_of(a, b))  # type: ignore[attr-defined]
+
+
+# Note [Dispatcher introspection]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The demo shows that detach's CPU kernel is ours; torch exposes the
+# dispatcher's tables only through torch._C. Upstream: torch.library
+# introspection (torch.library has no "has kernel for key" query).
+def has_kernel_for_dispatch_key(op_name: str, key: str) -> bool:
+    """Whether the dispatcher has a kernel for ``op_name`` registered at ``key``."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, key))
+
+
+def _resolve(dotted: str) -> Any:
+    """The object named ``pkg.module.Attr``; raises if any part is missing."""
+    module_name, _, attribute = dotted.rpartition(".")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _check_python_internals() -> List[str]:
+    problems: List[str] = []
+
+    def expect(name: str, ok: Callable[[], bool], why: str) -> None:
+        try:
+            passed = ok()
+        except Exception as error:  # a missing module or attribute
+            problems.append(f"{name}: {type(error).__name__}: {error}")
+            return
+        if not passed:
+            problems.append(f"{name}: {why}")
+
+    expect(
+        "torch._C._disabled_torch_dispatch_impl",
+        lambda: callable(torch._C._disabled_torch_dispatch_impl)
+        and torch.Tensor.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl,
+        "is no longer torch.Tensor's __torch_dispatch__ sentinel",
+    )
+    expect(
+        "torch.utils._python_dispatch.TorchDispatchMode",
+        lambda: isinstance(_resolve("torch.utils._python_dispatch.TorchDispatchMode"), type),
+        "is not a class",
+    )
+    def recognised(dotted: str) -> Callable[[], bool]:
+        return lambda: isinstance(_resolve(dotted), type) and is_tracing_infrastructure(_resolve(dotted))
+
+    for dotted in sorted(INFRASTRUCTURE_CLASSES) + list(_INFRASTRUCTURE_SAMPLES):
+        expect(dotted, recognised(dotted), "is not recognised as tracing infrastructure any more")
+    expect(
+        "torch.utils._python_dispatch._get_current_dispatch_mode_stack",
+        lambda: current_dispatch_modes() == [],
+        "does not return an empty list outside every mode",
+    )
+    expect(
+        "torch._C._functorch.peek_interpreter_stack",
+        lambda: not functorch_transform_active(),
+        "reports a transform outside every transform",
+    )
+    expect(
+        "torch._ops._higher_order_ops",
+        lambda: isinstance(torch._ops._higher_order_ops, dict)
+        and all(hasattr(op, "non_fallthrough_keys") for op in higher_order_ops()),
+        "is no longer a dict of higher-order operators with non_fallthrough_keys",
+    )
+    expect(
+        "torch._C.DispatchKeySet('TESTING_ONLY_GenericMode')",
+        lambda: repr(audit_key_set()) == "DispatchKeySet(TESTING_ONLY_GenericMode)",
+        "does not name the key the audit borrows",
+    )
+    expect(
+        "torch.utils.checkpoint.SAC_IGNORED_OPS",
+        lambda: torch.ops.aten.detach.default in sac_ignored_ops(),
+        "no longer lists aten.detach.default",
+    )
+    expect(
+        "torch.utils.checkpoint.CheckpointError",
+        lambda: issubclass(checkpoint_error_type(), RuntimeError),
+        "is not a RuntimeError",
+    )
+    expect(
+        "torch._C._is_alias_of",
+        lambda: (lambda t: is_alias_of(t, t[:1]) and not is_alias_of(t, t.clone()))(torch.ones(2)),
+        "does not tell a view from a copy",
+    )
+    expect(
+        "torch._C._dispatch_has_kernel_for_dispatch_key",
+        lambda: has_kernel_for_dispatch_key("aten::add.Tensor", "CPU")
+        and not has_kernel_for_dispatch_key("aten::add.Tensor", "TESTING_ONLY_GenericMode"),
+        "gives wrong answers for aten::add.Tensor",
+    )
+    return problems
+
+
+def _check_cpp_internals() -> List[str]:
+    from aliasguard import _C
+
+    return list(_C._torch_internals_self_test())
+
+
+def self_test(extra: Optional[List[str]] = None) -> None:
+    """Check every torch internal aliasguard relies on; ImportError naming each that changed."""
+    problems = _check_python_internals() + _check_cpp_internals() + list(extra or [])
+    if problems:
+        raise ImportError(
+            f"aliasguard cannot run on torch {torch.__version__}: torch internals it "
+            "relies on have changed:\n  " + "\n  ".join(problems)
+        )
+
+
+self_test()
