@@ -5,8 +5,9 @@ Importing this package gives PyTorch the behaviour of the core patch:
 * ``aten::detach`` below autograd keeps its input's version counter;
 * :func:`torch.mark_as_view` (also :func:`aliasguard.mark_as_view`) turns a
   tensor into a view of another, like autograd's ``as_view``;
-* :func:`track_views` re-enables view and in-place tracking inside
-  ``__torch_dispatch__``.
+* every ``__torch_dispatch__`` runs with view and in-place tracking
+  (:func:`set_view_tracking`, :func:`with_tracking`); :func:`track_views`
+  re-enables it for a block where a class opted out.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ __all__ += [
     "is_alias_correction_enabled",
     "set_alias_correction",
 ]
+# --- issue 9: automatic view tracking in __torch_dispatch__ (aliasguard/_tracking.py) ---
+from aliasguard._tracking import (  # noqa: E402
+    is_view_tracking_enabled,
+    set_view_tracking,
+    with_tracking,
+)
+
+__all__ += ["is_view_tracking_enabled", "set_view_tracking", "with_tracking"]
 # --- issue 4: selective checkpointing (aliasguard/checkpoint.py) ---
 from aliasguard import checkpoint  # noqa: E402
 from aliasguard.checkpoint import CheckpointMutationError  # noqa: E402

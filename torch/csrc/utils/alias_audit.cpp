@@ -194,6 +194,16 @@ void audit_return(
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool views_share_version_counter) {
+  if (alias.kind == ReturnAliasKind::kWrite && !alias.is_list &&
+      !value.is_tensor()) {
+    // An in-place handler ending in a bare `return`: whatever the caller
+    // gets back, the handler broke the schema.
+    throw_aliasing_error(
+        site,
+        AliasViolation::kWriteNotArgument,
+        "is " + value.describe() + ", but the op writes " +
+            site.argument_name() + " and must return it");
+  }
   const at::Tensor* single = value.is_tensor() ? &value.tensor() : nullptr;
   const auto outputs = value.is_list()
       ? value.elements()

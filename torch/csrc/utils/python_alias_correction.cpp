@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_op_cache.h>
 #include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/python_tracked_dispatch.h>
 
 #include <atomic>
 #include <optional>
@@ -38,28 +39,6 @@ bool opted_out(PyObject* owner) {
     return false;
   }
   return is_false == 1;
-}
-
-// The Python object passed for schema argument `index`, or nullptr.
-PyObject* argument_object(
-    const PyOpEntry& entry,
-    PyObject* args,
-    PyObject* kwargs,
-    size_t index) {
-  const SchemaAliasAnalysis& analysis = *entry.analysis;
-  if (!analysis.argument_is_kwarg_only(index) &&
-      static_cast<Py_ssize_t>(index) < PySequence_Fast_GET_SIZE(args)) {
-    return PySequence_Fast_GET_ITEM(args, index);
-  }
-  if (kwargs == nullptr || kwargs == Py_None) {
-    return nullptr;
-  }
-  PyObject* value =
-      PyDict_GetItemWithError(kwargs, entry.argument_names[index].ptr());
-  if (value == nullptr && PyErr_Occurred()) {
-    throw python_error();
-  }
-  return value;
 }
 
 // OpValueRefs over Python objects, without touching any reference count;
@@ -164,7 +143,8 @@ PyObject* correct_result(
     const PyOpEntry& entry,
     PyObject* args,
     PyObject* kwargs,
-    PyObject* out) {
+    PyObject* out,
+    const CorrectionOptions& options) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   const auto& returns = analysis.returns();
   const size_t num_returns = returns.size();
@@ -186,7 +166,7 @@ PyObject* correct_result(
     results.push_back(borrowed.borrow(output));
   }
 
-  correct_aliasing_borrowed(analysis, arguments, results);
+  correct_aliasing_borrowed(analysis, arguments, results, options);
   if (!analysis.has_write_returns()) {
     return Py_NewRef(out);
   }
@@ -231,7 +211,11 @@ PyObject* correct_result(
 // tensor argument (view, t, transpose, select, slice, expand, ...). Returns
 // false, having done nothing, when the values are not the plain case (the
 // general path then handles them, errors included).
-bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
+bool correct_sole_view(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* out,
+    const CorrectionOptions& options) {
   const size_t index = *entry.sole_view_argument;
   if (static_cast<Py_ssize_t>(index) >= PySequence_Fast_GET_SIZE(args)) {
     return false;
@@ -242,7 +226,11 @@ bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
     return false;
   }
   correct_view_return(
-      *entry.analysis, 0, THPVariable_Unpack(input), THPVariable_Unpack(out));
+      *entry.analysis,
+      0,
+      THPVariable_Unpack(input),
+      THPVariable_Unpack(out),
+      options);
   return true;
 }
 
@@ -367,6 +355,7 @@ PyObject* audited_result(
     PyObject* kwargs,
     PyObject* out,
     bool correct,
+    const CorrectionOptions& options,
     const ReportedViolationMark& mark) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   std::optional<AliasingError> raw_error;
@@ -381,7 +370,7 @@ PyObject* audited_result(
     }
     try {
       result = py::reinterpret_steal<py::object>(
-          correct_result(entry, args, kwargs, out));
+          correct_result(entry, args, kwargs, out, options));
     } catch (const AliasingError& error) {
       refusal = error;
     }
@@ -431,21 +420,23 @@ PyObject* audited_result(
 
 } // namespace
 
+bool correction_applies(PyObject* owner) {
+  return correction_enabled.load(std::memory_order_relaxed) &&
+      !opted_out(owner);
+}
+
 PyObject* corrected_result(
     PyObject* owner,
     PyObject* func,
     PyObject* args,
     PyObject* kwargs,
     PyObject* out,
+    bool correct,
+    bool audit,
+    const CorrectionOptions& options,
     const ReportedViolationMark& mark) {
-  if (out == Py_NotImplemented) {
-    return Py_NewRef(out); // the dispatcher will ask someone else
-  }
-  const bool audit = is_alias_audit_enabled();
-  const bool correct =
-      correction_enabled.load(std::memory_order_relaxed) && !opted_out(owner);
-  if (!correct && !audit) {
-    return Py_NewRef(out);
+  if (out == Py_NotImplemented || (!correct && !audit)) {
+    return Py_NewRef(out); // NotImplemented: the dispatcher asks someone else
   }
   return translate_errors([&]() -> PyObject* {
     const RunningCorrection running;
@@ -456,13 +447,14 @@ PyObject* corrected_result(
     }
     check_args_kwargs(args, kwargs);
     if (audit) {
-      return audited_result(owner, entry, args, kwargs, out, correct, mark);
+      return audited_result(
+          owner, entry, args, kwargs, out, correct, options, mark);
     }
     if (entry.sole_view_argument.has_value() &&
-        correct_sole_view(entry, args, out)) {
+        correct_sole_view(entry, args, out, options)) {
       return Py_NewRef(out);
     }
-    return correct_result(entry, args, kwargs, out);
+    return correct_result(entry, args, kwargs, out, options);
   });
 }
 
@@ -493,12 +485,13 @@ PyObject* explicit_correct_aliasing(
           Py_TYPE(argv[0])->tp_name);
     }
     check_args_kwargs(argv[1], argv[2]);
+    const CorrectionOptions options = explicit_correction_options(argv[0]);
     if (!entry.analysis->has_aliasing_returns() ||
         (entry.sole_view_argument.has_value() &&
-         correct_sole_view(entry, argv[1], argv[3]))) {
+         correct_sole_view(entry, argv[1], argv[3], options))) {
       return Py_NewRef(argv[3]);
     }
-    return correct_result(entry, argv[1], argv[2], argv[3]);
+    return correct_result(entry, argv[1], argv[2], argv[3], options);
   });
 }
 
