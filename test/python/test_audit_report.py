@@ -335,6 +335,17 @@ def test_higher_order_operators_run_under_the_audit():
     assert torch.equal(answered, torch.ones(3, 3))
 
 
+def test_strided_views_of_a_jagged_nested_tensor_are_not_bounds_checked_against_it():
+    values = torch.randn(6, 3)
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 2, 6]))
+    with aliasguard.audit(report=AuditReport()) as report:
+        assert nt.values().untyped_storage()._cdata == values.untyped_storage()._cdata
+        nt.unbind()
+    assert not [v for v in report.violations() if v.op in ("aten::_nested_get_values", "aten::unbind.int")], (
+        report.format()
+    )
+
+
 def test_fake_tensor_mode_and_compile_are_quiet():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

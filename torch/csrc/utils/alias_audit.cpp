@@ -144,11 +144,12 @@ void audit_view_output(
             ", of which the schema says it is a view");
   }
   if (checkable && autograd::has_real_storage(output) &&
-      output.layout() == c10::kStrided) {
+      output.layout() == c10::kStrided && input.layout() == c10::kStrided) {
     // See Note [May a tensor alias a storage]: a strided view must stay
     // inside the memory it shares (a __torch_dispatch__ can build one that
-    // does not). Other layouts (a jagged nested tensor over its values) do
-    // not address it through sizes and strides.
+    // does not). Other layouts (a jagged nested tensor over its values, on
+    // either side: nt.values() is a strided view of a jagged input) do not
+    // address it through sizes and strides.
     check_storage_alias(
         site,
         AliasViolation::kViewStorage,
