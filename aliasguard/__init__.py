@@ -37,6 +37,7 @@ torch.mark_as_view = mark_as_view  # type: ignore[attr-defined]
 # --- issue 3: alias correction (aliasguard/_aliasing.py) ---
 from aliasguard._aliasing import (  # noqa: E402
     AliasingError,
+    AuditReport,
     audit,
     correct_aliasing,
     is_alias_correction_enabled,
@@ -45,6 +46,7 @@ from aliasguard._aliasing import (  # noqa: E402
 
 __all__ += [
     "AliasingError",
+    "AuditReport",
     "audit",
     "correct_aliasing",
     "is_alias_correction_enabled",

@@ -165,4 +165,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["audit"]:  # `python -m aliasguard audit SCRIPT`: aliasguard/_audit_cli.py
+        from aliasguard._audit_cli import main as audit_main
+
+        sys.exit(audit_main(sys.argv[2:]))
     sys.exit(main())

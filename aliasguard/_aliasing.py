@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import threading
 import types
 import warnings
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -36,14 +38,21 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import torch
 
 from aliasguard import _C
+from aliasguard._report import AuditReport, user_location
 from aliasguard._torch_internals import (
     TorchDispatchMode,
+    audit_key_set,
+    current_dispatch_modes,
     disabled_torch_dispatch_impl,
+    functorch_transform_active,
+    higher_order_ops,
+    is_audit_quiet_infrastructure,
     is_tracing_infrastructure,
 )
 
 __all__ = [
     "AliasingError",
+    "AuditReport",
     "audit",
     "correct_aliasing",
     "is_alias_correction_enabled",
@@ -111,33 +120,163 @@ def is_alias_correction_enabled() -> bool:
     return _C._is_alias_correction_enabled()
 
 
+class _AuditScopes(threading.local):
+    """This thread's open audit scopes, innermost last: the report of each (or None: raise)."""
+
+    def __init__(self) -> None:
+        self.reports: list[Optional[AuditReport]] = []
+
+
+_scopes = _AuditScopes()
+# Report scopes open on any thread, most recent last: where violations found
+# on threads without a scope of their own go (autograd's worker threads run
+# the backward of an audited thread with its dispatch state but not its
+# Python thread-locals).
+_open_reports: list[AuditReport] = []
+_open_reports_lock = threading.Lock()
+
+
+def _infrastructure_active() -> bool:
+    """Whether tracing infrastructure (fake, proxy, functional modes; functorch) is running."""
+    if any(is_audit_quiet_infrastructure(type(mode)) for mode in current_dispatch_modes()):
+        return True
+    return functorch_transform_active()
+
+
+def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:
+    """The audit's reporter (see Note [The audit's Python reporter]): True when handled."""
+    if _infrastructure_active():
+        return True  # see Note [What the audit leaves alone]
+    report: Optional[AuditReport]
+    if _scopes.reports:
+        report = _scopes.reports[-1]
+    else:
+        with _open_reports_lock:
+            report = _open_reports[-1] if _open_reports else None
+    if report is None:
+        return False
+    if owner is None:  # from the fallback, on plain tensors: the innermost mode, if any, else a kernel
+        modes = current_dispatch_modes()
+        owner = modes[-1] if modes else None
+    report.record(error, owner, repaired, location=user_location(sys._getframe(1)))
+    return True
+
+
 @contextlib.contextmanager
-def audit() -> Iterator[None]:
+def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport]]:
     """Check every op run inside the block against its schema's alias annotations.
 
     For every op dispatched on this thread (plain tensors, tensor subclasses
     and modes alike, and the backward ops it triggers), after it ran:
 
     * outputs without alias annotation share memory with no input;
-    * view outputs share their input's storage and version counter;
+    * view outputs share their input's storage and version counter (and, for
+      traceable wrapper subclasses, their inner tensors share memory with
+      the input's inner tensors);
     * in-place and ``out=`` ops return the very argument they wrote;
 
-    and the result of every ``__torch_dispatch__`` is checked the same way
-    (after alias correction, when it is on). The first violation raises
-    :class:`AliasingError` naming the op, the return and the argument. The
-    checks run in C++ (a dispatcher fallback), at a small fraction of the cost
-    of ``torch._subclasses.schema_check_mode.SchemaCheckMode``, which also
+    and the result of every ``__torch_dispatch__`` is checked the same way,
+    before and after alias correction. Without ``report``, the first
+    violation that correction cannot repair raises :class:`AliasingError`
+    naming the op, the return, the argument and the ``kind`` of violation.
+    With an :class:`AuditReport`, every violation is recorded there instead
+    (repaired ones too, marked as such) and the block runs to its end: the
+    report is what the ``with`` statement binds. The checks run in C++ (a
+    dispatcher fallback, registered only while some thread audits), at a
+    small fraction of the cost of
+    ``torch._subclasses.schema_check_mode.SchemaCheckMode``, which also
     compares values to detect mutations; the audit does not.
 
     Not checked: ``CompositeImplicitAutograd`` ops as a whole (their
-    decomposed ops are), empty outputs, and ``aten::_unsafe_view`` (aliases by
-    design). Usable as a decorator; nests; restores the previous state on exit.
+    decomposed ops are), empty outputs, ops that alias by design
+    (``_unsafe_view``, ``unsafe_split``/``unsafe_chunk``, c10d collectives),
+    functorch's wrappers (vmap, grad, functionalize) and tracing
+    infrastructure (fake, proxy and functional tensors). Usable as a
+    decorator; nests (the innermost scope's report receives); scopes may end
+    in any order.
+
+    Raises:
+        RuntimeError: the dispatch key the audit borrows
+            (``TESTING_ONLY_GenericMode``) has a fallback registered by
+            someone else.
+        TypeError: ``report`` is not an :class:`AuditReport`.
     """
-    previous = _C._set_alias_audit(True)
+    if report is not None and not isinstance(report, AuditReport):
+        raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type(report).__name__}")
+    _C._enter_alias_audit()
+    _higher_order_ops_fall_through()
+    _scopes.reports.append(report)
+    if report is not None:
+        with _open_reports_lock:
+            _open_reports.append(report)
+    try:
+        yield report
+    finally:
+        _remove_last(_scopes.reports, report)
+        if report is not None:
+            with _open_reports_lock:
+                _remove_last(_open_reports, report)
+        _C._exit_alias_audit()
+
+
+class _NewThreadAudit:
+    """The reports that threads started now are audited into (see ``_audit_new_threads``)."""
+
+    lock = threading.Lock()
+    reports: list[AuditReport] = []
+    # Captured at import, before anything of ours could have replaced it.
+    original: Any = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+
+def _audited_bootstrap_inner(thread: threading.Thread) -> None:
+    with _NewThreadAudit.lock:
+        target = _NewThreadAudit.reports[-1] if _NewThreadAudit.reports else None
+    if target is None:
+        return _NewThreadAudit.original(thread)
+    with audit(report=target):
+        return _NewThreadAudit.original(thread)
+
+
+@contextlib.contextmanager
+def _audit_new_threads(report: AuditReport) -> Iterator[None]:
+    """Threads started (through ``threading.Thread``) inside the block run under ``audit(report=report)``.
+
+    For the pytest plugin and the CLI. Patches ``Thread._bootstrap_inner``, the
+    one place every ``threading.Thread`` passes through, whatever its ``run``;
+    nests (the innermost block's report receives).
+    """
+    with _NewThreadAudit.lock:
+        if not _NewThreadAudit.reports:
+            threading.Thread._bootstrap_inner = _audited_bootstrap_inner  # type: ignore[attr-defined]
+        _NewThreadAudit.reports.append(report)
     try:
         yield
     finally:
-        _C._set_alias_audit(previous)
+        with _NewThreadAudit.lock:
+            _remove_last(_NewThreadAudit.reports, report)
+            if not _NewThreadAudit.reports:
+                threading.Thread._bootstrap_inner = _NewThreadAudit.original  # type: ignore[attr-defined]
+
+
+def _higher_order_ops_fall_through() -> None:
+    """Make every higher-order operator (torch.cond, ...) skip the audit's dispatch key.
+
+    Higher-order operators dispatch in Python, on the highest key of their
+    inputs' and the thread's include set, and fail with "could not find
+    kernel" on a key they have no rule for, such as the one the audit includes.
+    The audit has nothing to check on them anyway: the ops they run are
+    dispatched, and audited, one by one.
+    """
+    audit_key = audit_key_set()
+    for op in higher_order_ops():
+        op.non_fallthrough_keys = op.non_fallthrough_keys - audit_key
+
+
+def _remove_last(scopes: list[Any], item: Any) -> None:
+    for i in range(len(scopes) - 1, -1, -1):
+        if scopes[i] is item:
+            del scopes[i]
+            return
 
 
 # --- automatic installation ------------------------------------------------
@@ -247,3 +386,4 @@ def _install() -> None:
 
 
 _install()
+_C._set_alias_audit_reporter(_on_violation)

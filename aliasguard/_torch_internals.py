@@ -23,10 +23,15 @@ __all__ = [
     "INFRASTRUCTURE_CLASSES",
     "INFRASTRUCTURE_MODULE_PREFIXES",
     "TorchDispatchMode",
+    "audit_key_set",
+    "current_dispatch_modes",
+    "functorch_transform_active",
+    "higher_order_ops",
     "checkpoint_error_type",
     "disabled_torch_dispatch_impl",
     "has_kernel_for_dispatch_key",
     "is_alias_of",
+    "is_audit_quiet_infrastructure",
     "is_tracing_infrastructure",
     "sac_ignored_ops",
     "self_test",
@@ -99,6 +104,54 @@ def is_tracing_infrastructure(cls: type) -> bool:
     return module.startswith(INFRASTRUCTURE_MODULE_PREFIXES) or (
         f"{module}.{cls.__qualname__}" in INFRASTRUCTURE_CLASSES
     )
+
+
+def is_audit_quiet_infrastructure(cls: type) -> bool:
+    """Whether the audit leaves ops run under ``cls`` (a mode) alone.
+
+    Tracing infrastructure only, by module (see the Note above): selective
+    checkpointing's recompute mode, which correction leaves alone, is audited,
+    since its cached views are no views of the recomputed inputs.
+    """
+    module = getattr(cls, "__module__", "") or ""
+    return module.startswith(INFRASTRUCTURE_MODULE_PREFIXES)
+
+
+# Note [Audit context]
+# ~~~~~~~~~~~~~~~~~~~~
+# The audit's reporter decides, on a violation, who is responsible and
+# whether tracing runs: the stack of active dispatch modes
+# (torch.utils._python_dispatch._get_current_dispatch_mode_stack) and
+# whether a functorch transform (vmap, grad, functionalize) is active
+# (torch._C._functorch.peek_interpreter_stack). Higher-order operators
+# (torch.cond, ...) dispatch in Python on the highest key of the thread's
+# include set, so they must be told to fall through the key the audit
+# includes: torch._ops._higher_order_ops lists them, and their
+# non_fallthrough_keys is the set they consult. Upstream: a public mode-stack
+# accessor, and a dedicated audit key that higher-order operators know.
+_AUDIT_DISPATCH_KEY = "TESTING_ONLY_GenericMode"  # torch_internals.h: kAuditDispatchKey
+
+
+def current_dispatch_modes() -> List[Any]:
+    """The active dispatch modes, outermost first."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def functorch_transform_active() -> bool:
+    """Whether a functorch transform (vmap, grad, functionalize, ...) is running."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def higher_order_ops() -> List[Any]:
+    """Every higher-order operator created so far."""
+    return list(torch._ops._higher_order_ops.values())
+
+
+def audit_key_set() -> Any:
+    """The DispatchKeySet of the key the audit borrows."""
+    return torch._C.DispatchKeySet(_AUDIT_DISPATCH_KEY)  # type: ignore[arg-type]  # accepts key names
 
 
 # Note [Selective checkpointing internals]
@@ -177,6 +230,27 @@ def _check_python_internals() -> List[str]:
 
     for dotted in sorted(INFRASTRUCTURE_CLASSES) + list(_INFRASTRUCTURE_SAMPLES):
         expect(dotted, recognised(dotted), "is not recognised as tracing infrastructure any more")
+    expect(
+        "torch.utils._python_dispatch._get_current_dispatch_mode_stack",
+        lambda: current_dispatch_modes() == [],
+        "does not return an empty list outside every mode",
+    )
+    expect(
+        "torch._C._functorch.peek_interpreter_stack",
+        lambda: not functorch_transform_active(),
+        "reports a transform outside every transform",
+    )
+    expect(
+        "torch._ops._higher_order_ops",
+        lambda: isinstance(torch._ops._higher_order_ops, dict)
+        and all(hasattr(op, "non_fallthrough_keys") for op in higher_order_ops()),
+        "is no longer a dict of higher-order operators with non_fallthrough_keys",
+    )
+    expect(
+        "torch._C.DispatchKeySet('TESTING_ONLY_GenericMode')",
+        lambda: repr(audit_key_set()) == "DispatchKeySet(TESTING_ONLY_GenericMode)",
+        "does not name the key the audit borrows",
+    )
     expect(
         "torch.utils.checkpoint.SAC_IGNORED_OPS",
         lambda: torch.ops.aten.detach.default in sac_ignored_ops(),

@@ -12,6 +12,7 @@
 
 #include "wrapper_tensor.h"
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -58,7 +59,8 @@ AliasingError expect_aliasing_error(Body&& body) {
     return error;
   }
   ADD_FAILURE() << "expected AliasingError";
-  return AliasingError("", 0, "", "");
+  return AliasingError(
+      "", 0, "", aliasguard::utils::AliasViolation::kWrongType, "");
 }
 
 TEST(AliasCorrection, WrapperViewOfWrapperTakesItsStorageAndCounter) {
@@ -496,26 +498,86 @@ at::Tensor call_test_op(const char* name, const at::Tensor& self) {
       .call(self);
 }
 
+namespace ag = aliasguard::utils;
+
 struct AuditGuard {
-  AuditGuard() : previous(aliasguard::utils::set_alias_audit_enabled(true)) {}
-  ~AuditGuard() {
-    aliasguard::utils::set_alias_audit_enabled(previous);
+  AuditGuard() {
+    ag::enter_alias_audit();
   }
-  bool previous;
+  ~AuditGuard() {
+    ag::exit_alias_audit();
+  }
+  AuditGuard(const AuditGuard&) = delete;
+  AuditGuard& operator=(const AuditGuard&) = delete;
 };
 
-TEST(AliasAuditFallback, EnablingNestsAndRestores) {
-  EXPECT_FALSE(aliasguard::utils::is_alias_audit_enabled());
+bool audit_fallback_registered() {
+  return c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(
+      c10::DispatchKey::TESTING_ONLY_GenericMode);
+}
+
+TEST(AliasAuditFallback, RegisteredOnlyWhileAScopeIsOpen) {
+  EXPECT_FALSE(ag::is_alias_audit_enabled());
+  EXPECT_FALSE(audit_fallback_registered());
   {
     AuditGuard outer;
-    EXPECT_TRUE(aliasguard::utils::is_alias_audit_enabled());
+    EXPECT_TRUE(ag::is_alias_audit_enabled());
+    EXPECT_TRUE(audit_fallback_registered());
     {
       AuditGuard inner;
-      EXPECT_TRUE(inner.previous);
+      EXPECT_EQ(ag::alias_audit_depth(), 2u);
     }
-    EXPECT_TRUE(aliasguard::utils::is_alias_audit_enabled());
+    EXPECT_TRUE(ag::is_alias_audit_enabled());
   }
-  EXPECT_FALSE(aliasguard::utils::is_alias_audit_enabled());
+  EXPECT_FALSE(ag::is_alias_audit_enabled());
+  EXPECT_FALSE(audit_fallback_registered());
+  EXPECT_EQ(ag::alias_audit_scopes(), 0u);
+}
+
+TEST(AliasAuditFallback, ScopesEndingOutOfOrderLeaveTheThreadAsItWas) {
+  auto first = std::make_unique<AuditGuard>();
+  auto second = std::make_unique<AuditGuard>();
+  first.reset(); // ends before the scope opened after it
+  EXPECT_TRUE(ag::is_alias_audit_enabled());
+  second.reset();
+  EXPECT_FALSE(ag::is_alias_audit_enabled());
+  EXPECT_FALSE(audit_fallback_registered());
+}
+
+TEST(AliasAuditFallback, RetainingKeepsTheFallbackWithoutAuditingTheThread) {
+  ag::retain_alias_audit_fallback();
+  EXPECT_TRUE(audit_fallback_registered());
+  EXPECT_FALSE(ag::is_alias_audit_enabled());
+  {
+    AuditGuard audit;
+    EXPECT_TRUE(ag::is_alias_audit_enabled());
+  }
+  EXPECT_TRUE(audit_fallback_registered()); // still retained
+  ag::release_alias_audit_fallback();
+  EXPECT_FALSE(audit_fallback_registered());
+  EXPECT_THROW(ag::release_alias_audit_fallback(), c10::Error);
+}
+
+TEST(AliasAuditFallback, ExitWithoutEnterIsAnError) {
+  EXPECT_THROW(ag::exit_alias_audit(), c10::Error);
+  EXPECT_EQ(ag::alias_audit_scopes(), 0u);
+}
+
+TEST(AliasAuditFallback, RefusesAKeyTakenBySomeoneElse) {
+  auto handle = c10::Dispatcher::singleton().registerFallback(
+      c10::DispatchKey::TESTING_ONLY_GenericMode,
+      c10::KernelFunction::makeFallthrough(),
+      "another user of the key");
+  try {
+    ag::enter_alias_audit();
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(
+        std::string(error.what()).find("TESTING_ONLY_GenericMode"),
+        std::string::npos);
+  }
+  EXPECT_FALSE(ag::is_alias_audit_enabled());
+  EXPECT_EQ(ag::alias_audit_scopes(), 0u);
 }
 
 TEST(AliasAuditFallback, StockOpsPassIncludingBackward) {
@@ -541,19 +603,31 @@ TEST(AliasAuditFallback, ReportsABrokenKernelOnlyWhenEnabled) {
         [&] { call_test_op("aliasguard_audit_test::returns_input", x); });
     EXPECT_EQ(error.op(), "aliasguard_audit_test::returns_input");
     EXPECT_EQ(error.argument(), "self");
-    expect_aliasing_error(
+    EXPECT_EQ(error.kind(), ag::AliasViolation::kFreshIsArgument);
+    const AliasingError copy = expect_aliasing_error(
         [&] { call_test_op("aliasguard_audit_test::copying_view", x); });
+    EXPECT_EQ(copy.kind(), ag::AliasViolation::kViewCopy);
     call_test_op("aliasguard_audit_test::honest_view", x);
     call_test_op("aliasguard_audit_test::honest_clone", x);
   }
 }
 
-[[noreturn]] void throw_runtime_error(const AliasingError& error) {
+[[noreturn]] bool throw_runtime_error(
+    const AliasingError& error,
+    c10::ArrayRef<c10::IValue> /*args*/) {
   throw std::runtime_error(std::string("reported: ") + error.op());
 }
 
+int recorded_violations = 0;
+bool record_violation(
+    const AliasingError& /*error*/,
+    c10::ArrayRef<c10::IValue> /*args*/) {
+  ++recorded_violations;
+  return true;
+}
+
 TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
-  aliasguard::utils::set_alias_audit_error_reporter(&throw_runtime_error);
+  ag::set_alias_audit_error_reporter(&throw_runtime_error);
   AuditGuard audit;
   try {
     call_test_op("aliasguard_audit_test::returns_input", at::ones({2}));
@@ -563,10 +637,32 @@ TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
         std::string(error.what()),
         "reported: aliasguard_audit_test::returns_input");
   }
-  aliasguard::utils::set_alias_audit_error_reporter(nullptr);
+  ag::set_alias_audit_error_reporter(nullptr);
   expect_aliasing_error([&] {
     call_test_op("aliasguard_audit_test::returns_input", at::ones({2}));
   });
+}
+
+TEST(AliasAuditFallback, AReporterThatRecordsLetsTheResultStand) {
+  ag::set_alias_audit_error_reporter(&record_violation);
+  recorded_violations = 0;
+  at::Tensor x = at::ones({2});
+  {
+    AuditGuard audit;
+    EXPECT_TRUE(
+        call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
+    call_test_op("aliasguard_audit_test::honest_clone", x);
+  }
+  ag::set_alias_audit_error_reporter(nullptr);
+  EXPECT_EQ(recorded_violations, 1);
+}
+
+TEST(AliasAuditFallback, UnsafeSplitsShareMemoryByDesign) {
+  AuditGuard audit;
+  at::Tensor x = at::randn({6});
+  EXPECT_EQ(at::unsafe_split(x, 2).size(), 3u);
+  EXPECT_EQ(at::unsafe_split_with_sizes(x, {2, 4}).size(), 2u);
+  EXPECT_EQ(at::unsafe_chunk(x, 3).size(), 3u);
 }
 
 } // namespace

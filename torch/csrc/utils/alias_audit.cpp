@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/torch_internals.h>
 
 #include <string>
+#include <string_view>
 
 namespace aliasguard::utils {
 
@@ -33,13 +34,59 @@ namespace aliasguard::utils {
 //     audit each __torch_dispatch__ result instead, right after correcting
 //     it, which covers nested modes and subclasses layer by layer.
 // Empty outputs are exempt (sharing zero bytes is harmless, and native
-// kernels return their empty input for fresh returns), as is
-// aten::_unsafe_view, whose unannotated return aliases by design.
+// kernels return their empty input for fresh returns).
+//
+// Note [What the audit leaves alone]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Code that keeps its schema's promises on its own terms must not be
+// reported:
+//   * ops whose unannotated returns share memory by design:
+//     aten::_unsafe_view and the unsafe_split family (views that autograd is
+//     told not to track), and c10d's collectives, which return the tensors
+//     they were given (the schemas carry no write annotation);
+//   * functorch's and functionalization's wrappers (vmap's batched tensors,
+//     grad's wrappers, functionalize's tensors): they have no storage of
+//     their own and keep aliasing inside, one level down, where the audit
+//     sees the ops again;
+//   * pairs of tensors of which exactly one lives on meta: tracing
+//     infrastructure (FakeTensorMode's lift_fresh of a real tensor) hands
+//     back fake tensors, whose storage cannot be compared with real memory.
+// Tracing infrastructure in Python (fake, proxy and functional modes and
+// tensors) is recognised by the Python reporter, which knows which classes
+// are infrastructure (aliasguard/_torch_internals.py).
 
 namespace {
 
+// See Note [What the audit leaves alone].
 bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
-  return analysis.op_name() == "aten::_unsafe_view";
+  std::string_view name = analysis.op_name();
+  if (name.substr(0, 6) == "c10d::") {
+    return true;
+  }
+  name = name.substr(0, name.find('.'));
+  return name == "aten::_unsafe_view" || name == "aten::unsafe_split" ||
+      name == "aten::unsafe_chunk" || name == "aten::unsafe_split_with_sizes";
+}
+
+bool is_functorch_wrapper(const at::Tensor& tensor) {
+  static const c10::DispatchKeySet wrapper_keys({
+      c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::BatchedNestedTensor,
+      c10::DispatchKey::FuncTorchGradWrapper,
+      c10::DispatchKey::Functionalize,
+  });
+  return tensor.key_set().has_any(wrapper_keys);
+}
+
+bool has_meta_storage(const at::Tensor& tensor) {
+  return tensor.has_storage() &&
+      autograd::storage_of(tensor).device().is_meta();
+}
+
+// Whether the aliasing of `output` to `input` can be judged at all.
+bool comparable(const at::Tensor& input, const at::Tensor& output) {
+  return !is_functorch_wrapper(input) && !is_functorch_wrapper(output) &&
+      has_meta_storage(input) == has_meta_storage(output);
 }
 
 void audit_fresh_output(
@@ -52,9 +99,13 @@ void audit_fresh_output(
   for (size_t i = 0; i < args.size(); ++i) {
     for_each_tensor(args[i], [&](const at::Tensor& input) {
       const AliasSite argument_site = site.with_argument(i);
+      if (!comparable(input, output)) {
+        return;
+      }
       if (output.is_same(input)) {
         throw_aliasing_error(
             argument_site,
+            AliasViolation::kFreshIsArgument,
             "is " + argument_site.argument_name() +
                 " itself, but the schema says it is a new tensor (no alias "
                 "annotation)");
@@ -62,6 +113,7 @@ void audit_fresh_output(
       if (autograd::storages_alias(output, input)) {
         throw_aliasing_error(
             argument_site,
+            AliasViolation::kFreshSharesMemory,
             "shares memory with " + argument_site.argument_name() +
                 ", but the schema says it is a new tensor (no alias "
                 "annotation)");
@@ -75,7 +127,7 @@ void audit_view_output(
     const at::Tensor& input,
     const at::Tensor& output,
     bool views_share_version_counter) {
-  if (output.is_same(input)) {
+  if (output.is_same(input) || !comparable(input, output)) {
     return;
   }
   // A real output of a placeholder input (a wrapper returning views of its
@@ -86,21 +138,30 @@ void audit_view_output(
   if (checkable && !autograd::storages_alias(output, input)) {
     throw_aliasing_error(
         site,
+        autograd::has_placeholder_storage(output) ? AliasViolation::kViewStorage
+                                                  : AliasViolation::kViewCopy,
         "does not share the storage of " + site.argument_name() +
             ", of which the schema says it is a view");
   }
   if (checkable && autograd::has_real_storage(output) &&
-      output.layout() == c10::kStrided) {
+      output.layout() == c10::kStrided && input.layout() == c10::kStrided) {
     // See Note [May a tensor alias a storage]: a strided view must stay
     // inside the memory it shares (a __torch_dispatch__ can build one that
-    // does not). Other layouts (a jagged nested tensor over its values) do
-    // not address it through sizes and strides.
+    // does not). Other layouts (a jagged nested tensor over its values, on
+    // either side: nt.values() is a strided view of a jagged input) do not
+    // address it through sizes and strides.
     check_storage_alias(
-        site, output, input, "the returned view", "is not a valid view");
+        site,
+        AliasViolation::kViewStorage,
+        output,
+        input,
+        "the returned view",
+        "is not a valid view");
   }
   if (views_share_version_counter && shares_no_version_counter(input, output)) {
     throw_aliasing_error(
         site,
+        AliasViolation::kViewVersionCounter,
         "is a view of " + site.argument_name() +
             " with a version counter of its own: an in-place change through "
             "one is invisible to autograd and to caches through the other");
@@ -111,9 +172,17 @@ void audit_write_output(
     const AliasSite& site,
     const at::Tensor* argument,
     const at::Tensor& output) {
+  if (argument != nullptr && !comparable(*argument, output)) {
+    return;
+  }
   if (argument == nullptr || !output.is_same(*argument)) {
     throw_aliasing_error(
         site,
+        argument != nullptr && autograd::has_real_storage(output) &&
+                autograd::has_real_storage(*argument) &&
+                !autograd::storages_alias(output, *argument)
+            ? AliasViolation::kWriteNewMemory
+            : AliasViolation::kWriteNotArgument,
         "is not " + site.argument_name() +
             " itself: an in-place or out= op must return the tensor it "
             "wrote");
@@ -126,6 +195,16 @@ void audit_return(
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool views_share_version_counter) {
+  if (alias.kind == ReturnAliasKind::kWrite && !alias.is_list &&
+      !value.is_tensor()) {
+    // An in-place handler ending in a bare `return`: whatever the caller
+    // gets back, the handler broke the schema.
+    throw_aliasing_error(
+        site,
+        AliasViolation::kWriteNotArgument,
+        "is " + value.describe() + ", but the op writes " +
+            site.argument_name() + " and must return it");
+  }
   const at::Tensor* single = value.is_tensor() ? &value.tensor() : nullptr;
   const auto outputs = value.is_list()
       ? value.elements()
@@ -204,12 +283,37 @@ void audit_aliasing(
       analysis, arg_refs.refs(), ret_refs.refs(), views_share_version_counter);
 }
 
-bool set_alias_audit_enabled(bool enabled) {
-  const bool previous =
-      c10::impl::tls_is_dispatch_key_included(internals::kAuditDispatchKey);
-  c10::impl::tls_set_dispatch_key_included(
-      internals::kAuditDispatchKey, enabled);
-  return previous;
+void audit_inner_view(
+    const SchemaAliasAnalysis& analysis,
+    size_t return_index,
+    size_t argument,
+    const std::string& inner_name,
+    const at::Tensor& inner_output,
+    c10::ArrayRef<at::Tensor> inner_inputs) {
+  // See Note [Inner tensors of traceable wrappers].
+  if (!inner_output.defined() || !inner_output.has_storage() ||
+      autograd::storage_of(inner_output).nbytes() == 0) {
+    return;
+  }
+  for (const at::Tensor& input : inner_inputs) {
+    if (!input.defined()) {
+      continue;
+    }
+    // Aliasing found, or a pair that cannot be judged: nothing to report.
+    if (!comparable(input, inner_output) || inner_output.is_same(input) ||
+        autograd::storages_alias(inner_output, input)) {
+      return;
+    }
+  }
+  const AliasSite site{analysis, return_index, argument};
+  throw_aliasing_error(
+      site,
+      AliasViolation::kViewInnerCopy,
+      "is a wrapper whose inner tensor '" + inner_name +
+          "' shares no memory with the inner tensors of " +
+          site.argument_name() +
+          ", of which the schema says it is a view: writes through the view "
+          "never reach the input's data");
 }
 
 bool is_alias_audit_enabled() {

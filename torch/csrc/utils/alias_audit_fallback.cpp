@@ -1,11 +1,14 @@
 #include <torch/csrc/utils/alias_audit.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/utils/torch_internals.h>
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 // The dispatcher fallback that runs the alias audit (alias_audit.cpp) on
 // every op of a thread that enabled it. See Note [Alias audit].
@@ -52,6 +55,7 @@ void audit_fallback(
   const c10::SmallVector<c10::IValue, 8> args(inputs.begin(), inputs.end());
   const std::shared_ptr<const SchemaAliasAnalysis> analysis =
       schema_alias_analysis(op);
+  const ReportedViolationMark mark = reported_violation_mark();
   op.redispatchBoxed(below, stack);
   const size_t num_rets = schema.returns().size();
   const c10::ArrayRef<c10::IValue> rets(
@@ -60,8 +64,14 @@ void audit_fallback(
     audit_aliasing(
         *analysis, args, rets, below.has(c10::DispatchKey::ADInplaceOrView));
   } catch (const AliasingError& error) {
-    if (AliasingErrorReporter reporter = audit_error_reporter.load()) {
-      reporter(error);
+    // See Note [One report per op call].
+    if (reported_violation_since(mark, *analysis)) {
+      return;
+    }
+    AliasingErrorReporter reporter = audit_error_reporter.load();
+    if (reporter != nullptr && reporter(error, args)) {
+      note_reported_violation(*analysis);
+      return;
     }
     throw;
   }
@@ -73,18 +83,114 @@ void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
   audit_error_reporter.store(reporter);
 }
 
+// Note [Audit lifetime]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The fallback is registered only while some thread has an audit scope open:
+// TESTING_ONLY_GenericMode is borrowed, and others (torch's own tests) use
+// it too. A process-wide count of open scopes registers it on 0 -> 1 and
+// removes it on 1 -> 0; a per-thread depth includes the key in the thread's
+// TLS while the thread has a scope open. Registering updates every
+// operator's dispatch table (~17 ms), so a test runner that audits test
+// after test retains the registration for its whole session. Counting
+// rather than saving and restoring the previous state makes scopes that end
+// out of order (two context managers entered A, B and exited A, B) leave
+// the thread as it was. The registration handle is leaked on purpose: the
+// dispatcher may be gone by the time static destructors run.
+
 namespace {
 
-// Registered when the library loads and never removed, like a
-// TORCH_LIBRARY_IMPL fallback (registered directly: torch/library.h is heavy).
-const bool audit_fallback_registered = [] {
-  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().registerFallback(
-      internals::kAuditDispatchKey,
-      c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
-      "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
-  return true;
-}();
+struct AuditRegistration {
+  std::mutex mutex;
+  size_t scopes = 0;
+  std::optional<c10::RegistrationHandleRAII> handle;
+};
+
+AuditRegistration& audit_registration() {
+  static auto* registration = new AuditRegistration();
+  return *registration;
+}
+
+thread_local size_t audit_depth = 0;
+
+thread_local uint64_t reported_epoch = 0;
+thread_local const SchemaAliasAnalysis* reported_op = nullptr;
 
 } // namespace
+
+void retain_alias_audit_fallback() {
+  AuditRegistration& registration = audit_registration();
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  if (registration.scopes == 0) {
+    c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+    TORCH_CHECK(
+        !dispatcher.hasBackendFallbackForDispatchKey(
+            internals::kAuditDispatchKey),
+        "aliasguard.audit(): the dispatch key ",
+        internals::kAuditDispatchKey,
+        ", which the audit borrows (stock PyTorch has no free key above "
+        "autograd), already has a fallback registered by someone else; "
+        "remove that registration before auditing");
+    registration.handle.emplace(dispatcher.registerFallback(
+        internals::kAuditDispatchKey,
+        c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
+        "aliasguard alias audit (torch/csrc/utils/alias_audit_fallback.cpp)"));
+  }
+  ++registration.scopes;
+}
+
+void release_alias_audit_fallback() {
+  AuditRegistration& registration = audit_registration();
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  TORCH_CHECK(
+      registration.scopes > 0,
+      "aliasguard.audit(): the audit fallback is not retained");
+  if (--registration.scopes == 0) {
+    registration.handle.reset();
+  }
+}
+
+void enter_alias_audit() {
+  retain_alias_audit_fallback();
+  if (audit_depth++ == 0) {
+    c10::impl::tls_set_dispatch_key_included(
+        internals::kAuditDispatchKey, true);
+  }
+}
+
+void exit_alias_audit() {
+  TORCH_CHECK(
+      audit_depth > 0,
+      "aliasguard.audit(): no audit scope is open on this thread");
+  if (--audit_depth == 0) {
+    c10::impl::tls_set_dispatch_key_included(
+        internals::kAuditDispatchKey, false);
+  }
+  release_alias_audit_fallback();
+}
+
+size_t alias_audit_depth() {
+  return audit_depth;
+}
+
+size_t alias_audit_scopes() {
+  AuditRegistration& registration = audit_registration();
+  const std::lock_guard<std::mutex> lock(registration.mutex);
+  return registration.scopes;
+}
+
+ReportedViolationMark reported_violation_mark() {
+  return ReportedViolationMark{reported_epoch};
+}
+
+void note_reported_violation(const SchemaAliasAnalysis& analysis) {
+  ++reported_epoch;
+  reported_op = &analysis;
+}
+
+bool reported_violation_since(
+    const ReportedViolationMark& mark,
+    const SchemaAliasAnalysis& analysis) {
+  return reported_epoch != mark.epoch && reported_op == &analysis;
+}
 
 } // namespace aliasguard::utils

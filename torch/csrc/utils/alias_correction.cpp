@@ -141,6 +141,7 @@ void check_not_other_argument(
       if (output.is_same(input)) {
         throw_aliasing_error(
             site,
+            AliasViolation::kOtherArgument,
             "is " + site.with_argument(i).argument_name() +
                 ", but the schema says it aliases " + site.argument_name());
       }
@@ -180,6 +181,7 @@ bool plan_drop_autograd_meta(
       shares_no_version_counter(input, output)) {
     throw_aliasing_error(
         site,
+        AliasViolation::kViewVersionCounter,
         "is a view of another tensor, not of " + site.argument_name() +
             ": it carries autograd view metadata and that tensor's version "
             "counter (did __torch_dispatch__ return a view of something other "
@@ -221,6 +223,7 @@ std::optional<ViewFix> plan_view_output(
   if (output_is_placeholder && !same_storage) {
     check_storage_alias(
         site,
+        AliasViolation::kViewStorage,
         output,
         input,
         "the returned wrapper",
@@ -235,6 +238,7 @@ std::optional<ViewFix> plan_view_output(
     if (!same_storage) {
       throw_aliasing_error(
           site,
+          AliasViolation::kViewCopy,
           "should be a view of " + site.argument_name() +
               " but has storage of its own: it shares no memory with its "
               "input (was the view op answered with a copy?)");
@@ -289,6 +293,7 @@ void plan_write_output(
       !storages_alias(output, argument)) {
     throw_aliasing_error(
         site,
+        AliasViolation::kWriteNewMemory,
         "is a new tensor that shares no memory with " + site.argument_name() +
             ": an in-place or out= op must write into that argument and "
             "return it");
@@ -373,6 +378,7 @@ void plan_write_return(
   if (!argument.is_list()) {
     throw_aliasing_error(
         site,
+        AliasViolation::kWrongType,
         "is " + value.describe() + " and " + site.argument_name() + " is " +
             argument.describe() +
             ", but the schema says both are lists of "

@@ -27,6 +27,7 @@ const at::Tensor& tensor_argument(
   if (!value.is_tensor()) {
     throw_aliasing_error(
         site,
+        AliasViolation::kWrongType,
         "is a tensor but " + site.argument_name() + ", which it aliases, is " +
             value.describe());
   }
@@ -35,6 +36,7 @@ const at::Tensor& tensor_argument(
 
 void check_storage_alias(
     const AliasSite& site,
+    AliasViolation kind,
     const at::Tensor& output,
     const at::Tensor& input,
     std::string_view output_name,
@@ -45,7 +47,7 @@ void check_storage_alias(
           output,
           input,
           autograd::AliasNames{output_name, argument, argument_storage})) {
-    throw_aliasing_error(site, std::string(what) + ": " + *problem);
+    throw_aliasing_error(site, kind, std::string(what) + ": " + *problem);
   }
 }
 

@@ -96,6 +96,7 @@ const at::Tensor& tensor_argument(
 // storage].
 void check_storage_alias(
     const AliasSite& site,
+    AliasViolation kind,
     const at::Tensor& output,
     const at::Tensor& input,
     std::string_view output_name,

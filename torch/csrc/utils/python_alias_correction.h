@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/alias_correction.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -16,17 +17,21 @@ namespace aliasguard::utils {
 bool correction_applies(PyObject* owner);
 
 // What a corrected __torch_dispatch__ returns in place of `out` (borrowed),
-// the result of `func(*args, **kwargs)`: corrected when `correct`, as
-// `options` say (see TrackedDispatchCall), and checked when `audit`. New
-// reference; nullptr with an exception set.
+// the result of `func(*args, **kwargs)` from the __torch_dispatch__ of
+// `owner` (a class or mode instance): corrected when `correct`, as `options`
+// say (see TrackedDispatchCall), and checked when `audit`, violations blamed
+// on `owner`; `mark` was taken before the handler ran (see Note [One report
+// per op call]). New reference; nullptr with an exception set.
 PyObject* corrected_result(
+    PyObject* owner,
     PyObject* func,
     PyObject* args,
     PyObject* kwargs,
     PyObject* out,
     bool correct,
     bool audit,
-    const CorrectionOptions& options);
+    const CorrectionOptions& options,
+    const ReportedViolationMark& mark);
 
 // Registers _correct_aliasing and the correction/audit switches.
 void init_alias_correction_bindings(pybind11::module& m);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/csrc/utils/aliasing_error.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <exception>
@@ -27,6 +28,15 @@ PyObject* translate_errors(Body&& body) {
   }
   return nullptr;
 }
+
+// Offers a violation to aliasguard's Python reporter (see Note [The audit's
+// Python reporter]): true when it was handled and the op's result stands,
+// false when it must be raised (also when no reporter is set). Throws
+// python_error if the reporter raised. Needs the GIL.
+bool offer_violation(
+    const aliasguard::utils::AliasingError& error,
+    PyObject* owner,
+    bool repaired);
 
 // Creates aliasguard._C.AliasingError, registers the translator for pybind11
 // functions (the same path as translate_errors) and the audit's reporter.

@@ -90,12 +90,14 @@ PyObject* corrected_dispatch_call(
       }) == nullptr) {
     return nullptr;
   }
+  // See Note [One report per op call].
+  const ReportedViolationMark mark = reported_violation_mark();
   PyObject* out = call->call(self->fn, argv, nargsf, kwnames);
   if (out == nullptr) {
     return nullptr;
   }
   PyObject* result = corrected_result(
-      func, args, kwargs, out, correct, audit, call->options());
+      owner, func, args, kwargs, out, correct, audit, call->options(), mark);
   Py_DECREF(out);
   return result;
 }

@@ -1,0 +1,68 @@
+"""``python -m aliasguard audit [--json FILE] SCRIPT [args...]``: run a script under the alias audit.
+
+The script runs as ``__main__`` (``sys.argv`` is ``[SCRIPT, *args]``, its
+directory first on ``sys.path``) inside ``aliasguard.audit(report=...)``, threads
+it starts included. Afterwards the report (the same table as the pytest
+plugin's) goes to stderr, and with ``--json FILE`` to FILE as JSON.
+
+Exit status: the script's own when it failed (an uncaught exception: 1),
+otherwise 1 if a violation was found, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from typing import Optional, Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m aliasguard audit",
+        description="Run a Python script under aliasguard.audit() in report mode and print every "
+        "aliasing violation its tensor subclasses, modes and kernels commit.",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the report to FILE as JSON")
+    parser.add_argument("script", help="the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    options = _parser().parse_args(argv)
+    if not os.path.isfile(options.script):
+        print(f"python -m aliasguard audit: no such script: {options.script}", file=sys.stderr)
+        return 2
+
+    import aliasguard
+    from aliasguard._aliasing import _audit_new_threads
+
+    report = aliasguard.AuditReport(context=options.script)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [options.script, *options.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
+    status = 0
+    try:
+        with aliasguard.audit(report=report), _audit_new_threads(report):
+            runpy.run_path(options.script, run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except BaseException:  # the script's failure is reported like Python would, then the audit
+        traceback.print_exc()
+        status = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+    print(report.format(title=f"aliasguard audit of {options.script}"), file=sys.stderr)
+    if options.json:
+        with open(options.json, "w", encoding="utf-8") as file:
+            file.write(report.to_json())
+    if status != 0:
+        return status
+    return 1 if report else 0

@@ -1,0 +1,249 @@
+"""The audit as a tool: the pytest plugin (through pytester) and ``python -m aliasguard audit`` (issue 12)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest_plugins = ("pytester",)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A small library with a deliberately buggy wrapper subclass and a correct one, as its authors would test it.
+SUBCLASSES = textwrap.dedent(
+    """
+    import torch
+    from torch.utils._python_dispatch import return_and_correct_aliasing
+    from torch.utils._pytree import tree_map_only
+
+    aten = torch.ops.aten
+
+
+    class Wrapper(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem):
+            return torch.Tensor._make_wrapper_subclass(
+                cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype
+            )
+
+        def __init__(self, elem):
+            self.elem = elem
+
+        def __tensor_flatten__(self):
+            return ["elem"], None
+
+        @classmethod
+        def __tensor_unflatten__(cls, inner, ctx, size, stride):
+            return cls(inner["elem"])
+
+        @classmethod
+        def run(cls, func, args, kwargs):
+            unwrap = lambda t: t.elem
+            return func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs))
+
+
+    class GoodTensor(Wrapper):
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = tree_map_only(torch.Tensor, cls, cls.run(func, args, kwargs))
+            return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+    class BuggyTensor(Wrapper):
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = cls.run(func, args, kwargs)
+            if func is aten.view.default:
+                out = out.clone()  # bug: the view copies the inner data
+            if func is aten.add_.Tensor:
+                return None  # bug: the in-place handler returns nothing
+            return tree_map_only(torch.Tensor, cls, out)
+    """
+)
+
+SUITE = textwrap.dedent(
+    """
+    import torch
+    from subclasses import BuggyTensor, GoodTensor
+
+
+    def test_buggy_view():
+        x = BuggyTensor(torch.randn(4))
+        x.view(2, 2)
+
+
+    def test_buggy_inplace():
+        x = BuggyTensor(torch.randn(4))
+        x.add_(1)
+
+
+    def test_good():
+        x = GoodTensor(torch.randn(4))
+        x.view(2, 2).t()
+        x.add_(1)
+        x.unbind(0)
+
+
+    def test_plain():
+        y = torch.randn(4, requires_grad=True)
+        (y.view(2, 2) * 2).sum().backward()
+    """
+)
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    pytester.makepyfile(subclasses=SUBCLASSES, test_lib=SUITE)
+    # The subprocess imports the in-tree aliasguard (and the suite's own modules).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO_ROOT, str(pytester.path)]))
+    return pytester
+
+
+def _table_rows(output: str) -> list[str]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\s*#\s+op\s+class or mode", line))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        rows.append(line)
+    return rows
+
+
+def test_plugin_reports_only_the_buggy_subclass(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(
+        "-p", "aliasguard.pytest_plugin", "--aliasguard-audit", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=4)
+    output = result.stdout.str()
+    assert "aliasguard audit" in output
+    rows = _table_rows(output)
+    assert all("subclasses.BuggyTensor" in row for row in rows), rows
+    found = {(row.split()[1], row.split()[3]) for row in rows}
+    assert found == {
+        ("aten::view", "view_storage"),  # the wrapper's own storage: repaired by the correction
+        ("aten::view", "view_inner_copy"),  # the copied inner data: not repairable
+        ("aten::add_.Tensor", "write_not_argument"),  # None from an in-place handler
+    }
+    by_kind = {row.split()[3]: row for row in rows}
+    assert " yes " in by_kind["view_storage"] and " no " in by_kind["view_inner_copy"]
+    assert (
+        "test_lib.py:7" in by_kind["view_inner_copy"] and "test_lib.py::test_buggy_view" in by_kind["view_inner_copy"]
+    )
+    assert "test_lib.py:12" in by_kind["write_not_argument"]
+    assert "test_lib.py::test_buggy_inplace" in by_kind["write_not_argument"]
+    assert "apply the view op to each inner tensor instead of copying it" in output
+    assert "GoodTensor" not in output
+
+
+def test_plugin_strict_fails_the_tests_that_trigger_a_violation(suite: pytest.Pytester) -> None:
+    json_path = suite.path / "audit.json"
+    result = suite.runpytest_subprocess(
+        "-p",
+        "aliasguard.pytest_plugin",
+        "--aliasguard-audit=strict",
+        f"--aliasguard-audit-json={json_path}",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["FAILED test_lib.py::test_buggy_view*", "FAILED test_lib.py::test_buggy_inplace*"])
+    assert "aliasguard audit (strict) of test_lib.py::test_buggy_view" in result.stdout.str()
+    data = json.loads(json_path.read_text())
+    assert data["distinct"] == 3
+    assert {v["example"] for v in data["violations"]} == {
+        "test_lib.py::test_buggy_view",
+        "test_lib.py::test_buggy_inplace",
+    }
+
+
+def test_entry_point_is_inert_without_the_option(suite: pytest.Pytester) -> None:
+    # What `pip install` registers (aliasguard_pytest) must not import aliasguard, which changes torch.
+    suite.makepyfile(
+        test_inert="import sys\n\ndef test_aliasguard_not_imported():\n    assert 'aliasguard' not in sys.modules\n"
+    )
+    result = suite.runpytest_subprocess("-p", "aliasguard_pytest", "-p", "no:cacheprovider", "test_inert.py")
+    result.assert_outcomes(passed=1)
+    assert "aliasguard audit" not in result.stdout.str()
+    audited = suite.runpytest_subprocess(
+        "-p", "aliasguard_pytest", "--aliasguard-audit", "-p", "no:cacheprovider", "test_lib.py"
+    )
+    audited.assert_outcomes(passed=4)
+    assert "3 distinct aliasing violations" in audited.stdout.str()
+    bad = suite.runpytest_subprocess("-p", "aliasguard_pytest", "--aliasguard-audit-json=x.json")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--aliasguard-audit-json needs --aliasguard-audit" in bad.stderr.str()
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+
+    class LazyClone(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.clone.default:
+                return args[0]  # bug: clone answered with its input
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.view.default:
+                return out.clone()  # bug: view answered with a copy
+            return out
+
+
+    x = torch.randn(4)
+    with LazyClone():
+        for _ in range(2):
+            x.clone()
+        x.view(2, 2)
+    print("script finished")
+    """
+)
+
+
+def _run_cli(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    return subprocess.run(
+        [sys.executable, "-m", "aliasguard", "audit", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_reports_both_violations_with_their_lines(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    json_path = tmp_path / "report.json"
+    result = _run_cli("--json", str(json_path), "train.py", cwd=str(tmp_path))
+    assert result.returncode == 1, result.stderr  # violations found
+    assert "script finished" in result.stdout
+    assert "2 distinct aliasing violations (3 occurrences)" in result.stderr
+    data = json.loads(json_path.read_text())
+    found = {(v["op"], v["kind"], v["location"], v["count"]) for v in data["violations"]}
+    assert found == {
+        ("aten::clone", "fresh_is_argument", "train.py:19", 2),
+        ("aten::view", "view_copy", "train.py:20", 1),
+    }
+    assert all(v["owner"] == "mode __main__.LazyClone" for v in data["violations"])
+
+
+def test_cli_passes_arguments_and_exit_status(tmp_path) -> None:
+    script = tmp_path / "clean.py"
+    script.write_text("import sys, torch\ntorch.randn(4).view(2, 2)\nprint(sys.argv[1:])\nsys.exit(int(sys.argv[1]))\n")
+    ok = _run_cli("clean.py", "0", cwd=str(tmp_path))
+    assert ok.returncode == 0 and "['0']" in ok.stdout and "no aliasing violations" in ok.stderr
+    failing = _run_cli("clean.py", "3", cwd=str(tmp_path))
+    assert failing.returncode == 3
+    missing = _run_cli("nope.py", cwd=str(tmp_path))
+    assert missing.returncode == 2 and "no such script: nope.py" in missing.stderr
