@@ -1,10 +1,10 @@
 """Issue 8's remaining "worse than stock" cases, one test each.
 
 Stock PyTorch runs each of these; with aliasguard imported (or inside
-``audit()``) they fail today. Each is ``xfail(strict=True)`` with the case in
-its reason, so the fix turns it into a failure and removes the marker. The
-upstream tests that found them are named where there is one
-(``tools/run_upstream_suites.py``).
+``audit()``) they failed before the fixes of issue 8. A case still open is
+``xfail(strict=True)`` with the case in its reason, so its fix turns it into a
+failure and removes the marker. The upstream tests that found them are named
+where there is one (``tools/run_upstream_suites.py``).
 """
 
 from __future__ import annotations
@@ -13,42 +13,24 @@ import pytest
 import torch
 
 import aliasguard
-from aliasguard import _C
 
 # --- audit() registration and state --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8: audit's fallback holds TESTING_ONLY_GenericMode from import on (upstream "
-    "test_fallback*)",
-)
 def test_generic_mode_fallback_is_free_while_no_audit_is_active():
-    lib = torch.library.Library("_", "IMPL")  # noqa: SCOPED_LIBRARY
+    lib = torch.library.Library("_", "IMPL")
     try:
         lib.fallback(lambda op, *args, **kwargs: op(*args, **kwargs), "TESTING_ONLY_GenericMode")
     finally:
         lib._destroy()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: exiting two audit() blocks out of order leaves auditing on")
-def test_audit_blocks_exited_out_of_order_restore_the_state():
-    assert not _C._is_alias_audit_enabled()
-    outer, inner = aliasguard.audit(), aliasguard.audit()
-    outer.__enter__()
-    inner.__enter__()
-    outer.__exit__(None, None, None)
-    inner.__exit__(None, None, None)
-    try:
-        assert not _C._is_alias_audit_enabled()
-    finally:
-        _C._set_alias_audit(False)
+# Out-of-order exits: test_audit_report.py::test_scopes_ending_out_of_order_restore_the_thread.
 
 
 # --- audit() false alarms on correct code ----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8: audit() flags views made under vmap (functorch batched tensors)")
 def test_audit_quiet_under_vmap():
     x = torch.randn(4, 1, 3)
     expected = torch.vmap(lambda t: t.expand(2, 3))(x)
@@ -57,11 +39,6 @@ def test_audit_quiet_under_vmap():
     torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8: audit() flags FakeTensorMode's lift_fresh under "
-    "torch.compile(backend='aot_eager')",
-)
 def test_audit_quiet_under_compile_aot_eager():
     torch._dynamo.reset()
     f = torch.compile(lambda t: t.sin() + 1, backend="aot_eager")
@@ -71,11 +48,6 @@ def test_audit_quiet_under_compile_aot_eager():
     torch.testing.assert_close(got, x.sin() + 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8: audit() breaks higher-order ops (upstream "
-    "test_custom_dispatch_mode_*_higher_order_operators)",
-)
 def test_audit_quiet_on_cond():
     x = torch.randn(2)
     with aliasguard.audit():
@@ -91,11 +63,6 @@ def test_audit_quiet_under_functionalize():
     assert got.tolist() == [1.0] * 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8: audit() flags eager c10d collectives (their schemas carry no write "
-    "annotation)",
-)
 def test_audit_quiet_on_c10d_collectives():
     import torch.distributed as dist
     from real_client_workloads import gloo_world_of_one

@@ -86,12 +86,7 @@ SKIPPED_OPS: dict[str, str] = {
 
 # Known aliasguard bugs found by the sweep: (check, op full name) -> issue.
 # xfail(strict=True): a fix turns them into failures and removes the entry.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("audit", "unsafe_split"): "issue 8: audit() flags aten::unsafe_split, which shares memory by design",
-    ("audit", "unsafe_chunk"): (
-        "issue 8: audit() flags aten::unsafe_split (from unsafe_chunk), which shares memory by design"
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def _full_name(op) -> str:

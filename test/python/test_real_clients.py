@@ -32,9 +32,7 @@ TORCHAO_SKIP = pytest.mark.skipif(
 )
 
 # Known aliasguard bugs: (workload, how) -> reason. xfail(strict=True).
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("dtensor", "audit"): "issue 8: audit() flags eager c10d collectives (broadcast_ from distribute_tensor)",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 @functools.lru_cache(maxsize=None)

@@ -158,3 +158,20 @@ def test_correction_gives_an_in_bounds_wrapper_view_its_input_storage():
         with Answer(8):
             x.view(8)
     assert (x._version, x.untyped_storage()._cdata) == before
+
+
+def test_views_of_a_jagged_nested_tensor_pass_its_storage_on():
+    # A jagged tensor made from its values gets their storage (the correction
+    # of _nested_view_from_jagged); its own views (transpose) must be able to
+    # take it on. Refusing them made every NJT transpose fail with aliasguard.
+    values = torch.randn(6, 3, requires_grad=True)
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 2, 6]))
+    t = nt.transpose(1, 2)
+    assert t.shape[1] == 3
+    assert t.untyped_storage().data_ptr() == values.untyped_storage().data_ptr()
+    back = t.transpose(1, 2)
+    torch.testing.assert_close(back.values(), values)
+    back.sin().values().sum().backward()
+    torch.testing.assert_close(values.grad, values.detach().cos())
+    with aliasguard.audit():
+        nt.detach().transpose(1, 2).transpose(1, 2)
