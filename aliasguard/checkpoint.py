@@ -54,8 +54,10 @@ the recompute uses the written values. Use it only when that is what you want.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
+import warnings
 from typing import (
     Any,
     Callable,
@@ -74,6 +76,8 @@ from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten, TreeSpec
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+from aliasguard import _torch_sac_semantics as _semantics
 
 from aliasguard._views import mark_as_view, shares_version_counter
 
@@ -161,7 +165,7 @@ def _user_location() -> str:
 
 
 class _OpAliasInfo:
-    __slots__ = ("written_args", "is_view", "is_mutating")
+    __slots__ = ("written_args", "is_view", "is_mutating", "has_effects")
 
     def __init__(self, op: OpOverload) -> None:
         schema = op._schema
@@ -179,6 +183,9 @@ class _OpAliasInfo:
             ret.alias_info is not None and not ret.alias_info.is_write
             for ret in schema.returns
         )
+        # An ordered side effect (aten._print, ...): some torch releases save
+        # such ops whatever the policy; see _semantics.
+        self.has_effects = _semantics.has_ordered_effects(op)
 
 
 _alias_info_cache: Dict[Any, Optional[_OpAliasInfo]] = {}
@@ -223,7 +230,7 @@ _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 class _CacheEntry:
     """The outputs of one op call kept for the recompute."""
 
-    __slots__ = ("op", "tensors", "versions", "spec", "cached_at")
+    __slots__ = ("op", "tensors", "versions", "spec", "cached_at", "packed", "unpack")
 
     def __init__(
         self,
@@ -241,6 +248,20 @@ class _CacheEntry:
         # None when the op returned a single tensor.
         self.spec = spec
         self.cached_at = cached_at
+        # With respect_saved_tensors_hooks: what the user's pack hook made of
+        # each tensor leaf, handed to their unpack hook at recompute.
+        self.packed: Optional[List[Any]] = None
+        self.unpack: Optional[Callable[[Any], torch.Tensor]] = None
+
+    def values(self) -> List[Any]:
+        if self.packed is None:
+            return self.tensors
+        unpack = self.unpack
+        assert unpack is not None
+        return [
+            unpack(packed) if isinstance(t, torch.Tensor) else t
+            for t, packed in zip(self.tensors, self.packed)
+        ]
 
 
 _RECOMPUTE = object()  # the op runs again in the recompute
@@ -256,7 +277,7 @@ def _op_name(op: Any) -> str:
     return str(op)
 
 
-class _CachingMode(TorchDispatchMode):
+class _CachingMode(_semantics.TorchCachingMode):
     """Forward pass: asks the policy about each op and caches what it says to save."""
 
     def __init__(
@@ -265,10 +286,17 @@ class _CachingMode(TorchDispatchMode):
         storage: _Storage,
         allow_cache_entry_mutation: bool,
     ) -> None:
-        super().__init__()
+        # torch's __init__ sets up its own storage; only the mode's is wanted.
+        TorchDispatchMode.__init__(self)
         self.policy_fn = policy_fn
         self.storage = storage
         self.allow_cache_entry_mutation = allow_cache_entry_mutation
+        # Set by torch's checkpoint() (2.14 on) on instances of its caching
+        # mode, which this is; None: torch's default (legacy, warn on hooks).
+        self.respect_saved_tensors_hooks: Optional[bool] = None
+        # Non-saving policies the running torch overrides for ops with
+        # ordered side effects (read once, outside any dispatch).
+        self.effect_overrides = _semantics.policies_overridden_for_effects()
         # Every cached tensor with its entry and output index, for the
         # fail-fast check. Only the forward pass needs it, so __exit__ drops it
         # rather than let it pin cached tensors the recompute already consumed.
@@ -276,7 +304,7 @@ class _CachingMode(TorchDispatchMode):
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.cached_tensors = []
-        return super().__exit__(exc_type, exc_value, traceback)
+        return TorchDispatchMode.__exit__(self, exc_type, exc_value, traceback)
 
     def __torch_dispatch__(
         self,
@@ -316,6 +344,14 @@ class _CachingMode(TorchDispatchMode):
         )
         if type(policy) is not CheckpointPolicy:
             policy = _coerce_policy(policy, func)
+        if (
+            info is not None
+            and info.has_effects
+            and policy in self.effect_overrides
+        ):
+            # The running torch keeps an effectful op so that its effect
+            # happens once, whatever the policy; so do we.
+            policy = CheckpointPolicy.MUST_SAVE
 
         # See the module docstring: views and writes always run again.
         if policy in _SAVE_POLICIES and not (
@@ -341,7 +377,30 @@ class _CachingMode(TorchDispatchMode):
         for index, tensor in enumerate(leaves):
             if isinstance(tensor, torch.Tensor):
                 self.cached_tensors.append((tensor, entry, index))
+        hooks = self._user_hooks()
+        if hooks is not None:
+            pack, entry.unpack = hooks
+            entry.packed = [pack(t) if isinstance(t, torch.Tensor) else None for t in leaves]
         return entry
+
+    def _user_hooks(self) -> Optional[_semantics.Hooks]:
+        """The saved-tensors hooks the cache must go through, as the running torch's SAC decides."""
+        hooks = _semantics.current_user_saved_tensors_hooks()
+        if hooks is None:
+            return None
+        respects = self.respect_saved_tensors_hooks
+        if respects is None:
+            warnings.warn(
+                "aliasguard.checkpoint: a saved_tensors_hooks context (e.g. "
+                "save_on_cpu) is active around a selective checkpoint. Like "
+                f"torch {torch.__version__}'s own, the tensors it caches bypass "
+                "those hooks for now; torch will route them through the hooks "
+                "in a future release. Pass respect_saved_tensors_hooks=True or "
+                "False to checkpoint() to choose and silence this warning.",
+                FutureWarning,
+                stacklevel=2,
+            )
+        return hooks if respects else None
 
     @staticmethod
     def _share_counter_with_input(out: Any, source: Any) -> None:
@@ -401,11 +460,11 @@ def _raise_forward_mutation(func: Any, entry: _CacheEntry, index: int) -> NoRetu
     )
 
 
-class _CachedMode(TorchDispatchMode):
+class _CachedMode(_semantics.TorchCachedMode):
     """Recompute: hands back cached outputs, runs every other op again."""
 
     def __init__(self, storage: _Storage, allow_cache_entry_mutation: bool) -> None:
-        super().__init__()
+        TorchDispatchMode.__init__(self)
         self.storage = storage
         self.allow_cache_entry_mutation = allow_cache_entry_mutation
         self.call_counts: Dict[Any, int] = {}
@@ -414,7 +473,7 @@ class _CachedMode(TorchDispatchMode):
         # A second backward (retain_graph=True) recomputes from the start; it
         # must then find the consumed entries, not "op not found".
         self.call_counts.clear()
-        return super().__enter__()
+        return TorchDispatchMode.__enter__(self)
 
     def __torch_dispatch__(
         self,
@@ -456,9 +515,10 @@ class _CachedMode(TorchDispatchMode):
         # The cached tensors carry no autograd metadata (they were detached
         # below autograd), so the autograd kernel above can make them the
         # recomputed op's outputs, history and all.
+        values = entry.values()
         if entry.spec is None:
-            return entry.tensors[0]
-        return tree_unflatten(entry.tensors, entry.spec)
+            return values[0]
+        return tree_unflatten(values, entry.spec)
 
 
 def _check_versions(entry: _CacheEntry) -> None:
@@ -499,7 +559,7 @@ def _policy_from_ops(ops: Collection[Any]) -> PolicyFn:
                     f" {op} is an overload packet; name one overload, "
                     f"e.g. {op}.default."
                 )
-            raise TypeError(
+            raise ValueError(
                 "aliasguard.checkpoint: the list of ops to save must hold "
                 f"OpOverloads (e.g. torch.ops.aten.mm.default), got {op!r} of "
                 f"type {type(op).__name__}.{hint}"
@@ -580,6 +640,7 @@ def checkpoint(
     *args: Any,
     policy: Union[PolicyFn, Collection[Op]],
     allow_cache_entry_mutation: bool = False,
+    respect_saved_tensors_hooks: Optional[bool] = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` under a selective activation checkpoint.
@@ -599,7 +660,13 @@ def checkpoint(
         policy: a policy function or a list of ops to save, as for
             :func:`create_selective_checkpoint_contexts`.
         allow_cache_entry_mutation: turn off the mutation checks.
-        **kwargs: ``preserve_rng_state``, ``determinism_check``,
+        respect_saved_tensors_hooks: as in torch's ``checkpoint`` (torch 2.14
+            on): ``True`` routes the cached tensors through the user's
+            ``saved_tensors_hooks`` (e.g. ``save_on_cpu``) active at the call,
+            ``False`` bypasses them, ``None`` bypasses them with a
+            ``FutureWarning`` when such hooks are active. The mutation checks
+            still look at the tensors the ops returned.
+        **kwargs: ``preserve_rng_state``, ``determinism_check``, ``debug``,
             ``early_stop`` go to ``torch.utils.checkpoint.checkpoint``; the
             rest are keyword arguments of ``function``.
 
@@ -609,8 +676,10 @@ def checkpoint(
     Raises:
         ValueError: ``use_reentrant=True`` (the reentrant checkpoint has no
             dispatch modes, so nothing could be cached), or ``context_fn`` was
-            passed (``policy`` builds it).
-        TypeError: see :func:`create_selective_checkpoint_contexts`.
+            passed (``policy`` builds it), or ``respect_saved_tensors_hooks``
+            was given to a torch whose checkpoint has no such option.
+        TypeError: see :func:`create_selective_checkpoint_contexts`;
+            ``respect_saved_tensors_hooks`` is not a bool or None.
     """
     if kwargs.pop("use_reentrant", False):
         raise ValueError(
@@ -627,6 +696,21 @@ def checkpoint(
             "context_fn=functools.partial(create_selective_checkpoint_contexts, "
             "policy) to combine it with other contexts."
         )
+    if respect_saved_tensors_hooks is not None:
+        if not isinstance(respect_saved_tensors_hooks, bool):
+            raise TypeError(
+                "aliasguard.checkpoint.checkpoint: respect_saved_tensors_hooks "
+                "must be True, False or None, got "
+                f"{type(respect_saved_tensors_hooks).__name__}"
+            )
+        if not _semantics.supports_respect_saved_tensors_hooks():
+            raise ValueError(
+                "aliasguard.checkpoint.checkpoint: respect_saved_tensors_hooks "
+                f"is not supported with torch {torch.__version__}: its "
+                "selective checkpointing always bypasses saved_tensors_hooks "
+                "(the option arrived in torch 2.14). Drop the argument."
+            )
+        kwargs["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     # Check the policy here, where the caller's line is in the traceback,
     # rather than inside the forward pass; a list is turned into a function once.
     policy_fn = _as_policy_fn(policy)

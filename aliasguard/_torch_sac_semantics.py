@@ -1,0 +1,116 @@
+"""What the running torch's selective checkpointing does, found out at run time.
+
+``aliasguard.checkpoint`` follows the semantics of the torch it runs on, and
+those move between releases: torch 2.14 added ``respect_saved_tensors_hooks``
+(tensors SAC caches may go through the user's ``saved_tensors_hooks``), and
+later releases keep the outputs of ops with ordered side effects whatever the
+policy says. Each difference is detected here by what torch exposes or does,
+never by comparing version numbers, so a backport or a new release is
+followed without a code change.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, FrozenSet, Optional, Tuple
+
+import torch
+import torch.utils.checkpoint as _torch_checkpoint
+from torch.utils.checkpoint import CheckpointPolicy
+
+__all__ = [
+    "TorchCachingMode",
+    "TorchCachedMode",
+    "current_user_saved_tensors_hooks",
+    "has_ordered_effects",
+    "policies_overridden_for_effects",
+    "supports_respect_saved_tensors_hooks",
+]
+
+# torch's own SAC modes. Our modes derive from them so that torch's
+# checkpoint() hands them the options it hands its own (it sets
+# ``respect_saved_tensors_hooks`` on an instance of its caching mode).
+TorchCachingMode: type = _torch_checkpoint._CachingTorchDispatchMode
+TorchCachedMode: type = _torch_checkpoint._CachedTorchDispatchMode
+
+Hooks = Tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
+
+
+@functools.lru_cache(maxsize=None)
+def supports_respect_saved_tensors_hooks() -> bool:
+    """Whether ``torch.utils.checkpoint.checkpoint`` takes ``respect_saved_tensors_hooks``."""
+    return "respect_saved_tensors_hooks" in inspect.signature(_torch_checkpoint.checkpoint).parameters
+
+
+def current_user_saved_tensors_hooks() -> Optional[Hooks]:
+    """The user's ``(pack, unpack)`` in effect here, skipping checkpoint's own hooks.
+
+    None when there is none, or when the running torch has no notion of
+    routing SAC's cache through them.
+    """
+    finder = getattr(_torch_checkpoint, "_current_user_saved_tensors_hooks", None)
+    return None if finder is None else finder()
+
+
+def has_ordered_effects(op: Any) -> bool:
+    """Whether ``op`` has an ordered side effect registered (e.g. ``aten._print``)."""
+    try:
+        from torch._higher_order_ops.effects import has_effects
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    try:
+        return bool(has_effects(op))
+    except Exception:  # an op torch's registry cannot name
+        return False
+
+
+_NON_SAVING_POLICIES = (
+    CheckpointPolicy.PREFER_RECOMPUTE,
+    CheckpointPolicy.MUST_RECOMPUTE,
+    CheckpointPolicy.PREFER_CPU_OFFLOAD,
+    CheckpointPolicy.MUST_CPU_OFFLOAD,
+)
+
+
+def _torch_sac_replays_effect(policy: CheckpointPolicy) -> bool:
+    """Run an effectful op under torch's own SAC with ``policy``; True if the recompute ran it again.
+
+    ``aten._linalg_check_errors`` is registered with an ordered effect by
+    every supported torch and does nothing for an all-zero ``info``. A mode
+    entered outside the checkpoint sees every call the SAC modes let through.
+    """
+    op = torch.ops.aten._linalg_check_errors.default
+    calls = 0
+
+    class CountCalls(torch.utils._python_dispatch.TorchDispatchMode):
+        __aliasguard_fixup__ = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal calls
+            if func is op:
+                calls += 1
+            return func(*args, **(kwargs or {}))
+
+    def region(x: torch.Tensor) -> torch.Tensor:
+        op(torch.zeros((), dtype=torch.int32), "aliasguard probe", is_matrix=False)
+        return x.sin()
+
+    context_fn = functools.partial(
+        _torch_checkpoint.create_selective_checkpoint_contexts, lambda ctx, func, *a, **k: policy
+    )
+    x = torch.zeros(1, requires_grad=True)
+    with CountCalls():
+        out = _torch_checkpoint.checkpoint(region, x, use_reentrant=False, context_fn=context_fn)
+        out.sum().backward()
+    return calls > 1
+
+
+@functools.lru_cache(maxsize=None)
+def policies_overridden_for_effects() -> FrozenSet[CheckpointPolicy]:
+    """The non-saving policies under which the running torch still saves an effectful op.
+
+    Empty for torch 2.13 and 2.14 (their SAC replays such ops in the
+    recompute); later releases keep them so the effect happens once.
+    """
+    return frozenset(policy for policy in _NON_SAVING_POLICIES if not _torch_sac_replays_effect(policy))
