@@ -236,6 +236,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="steps per variant per worker (x5 dispatch-bound)")
     parser.add_argument("--rounds", type=int, default=4, help="worker processes of each kind per size")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES), help="which model sizes")
     parser.add_argument("--worker", choices=("stock", "ours"), help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=tuple(SIZES), help=argparse.SUPPRESS)
     parser.add_argument("--grads-file", help=argparse.SUPPRESS)
@@ -246,7 +247,8 @@ def main() -> None:
         return
 
     header_done = False
-    for label, sizes in SIZES.items():
+    for label in options.sizes:
+        sizes = SIZES[label]
         repeats = options.repeats * (5 if label == "dispatch-bound" else 1)
         wall, cpu, saved, version = measure(label, repeats, options.warmup, options.rounds)
         if not header_done:

@@ -371,8 +371,9 @@ def test_forward_error_names_exact_mutating_op_and_line_and_writes_nothing():
 def test_forward_write_to_the_cached_tensor_itself_raises():
     def fn(x, w):
         y = torch.mm(x, w)
-        (mode,) = [m for m in _get_current_dispatch_mode_stack() if hasattr(m, "cached_tensors")]
-        cached = mode.cached_tensors[0][0]
+        (mode,) = [m for m in _get_current_dispatch_mode_stack() if hasattr(m, "cached_entries")]
+        ((op, cached, _),) = mode.cached_entries()
+        assert op is aten.mm.default
         assert cached is not y and cached.data_ptr() == y.data_ptr()
         cached.neg_()
         return y
@@ -502,9 +503,10 @@ def test_write_to_cached_tensor_itself_after_forward_raises_at_recompute():
 
     inputs = mm_inputs()
     _, s = torch_checkpoint.checkpoint(mm_and_sin, *inputs, use_reentrant=False, context_fn=context_fn)
-    (entry,) = modes[0].storage[aten.mm.default]
-    entry.tensors[0].add_(1)
-    entry.tensors[0].add_(1)
+    ((op, cached, _),) = modes[0].cached_entries()
+    assert op is aten.mm.default
+    cached.add_(1)
+    cached.add_(1)
     with pytest.raises(CheckpointMutationError, match="version was 0 when cached and is 2 now"):
         s.sum().backward()
 

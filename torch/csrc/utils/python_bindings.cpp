@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/mark_as_view.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/python_selective_checkpoint.h>
 #include <torch/csrc/autograd/track_views.h>
 #include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_c10_errors.h>
@@ -136,4 +137,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_view_tracking_enabled", &autograd::is_view_tracking_enabled);
 
   utils::init_alias_correction_bindings(m);
+  aliasguard::init_selective_checkpoint_bindings(m);
 }
