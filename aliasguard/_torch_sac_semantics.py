@@ -24,6 +24,7 @@ __all__ = [
     "TorchCachedMode",
     "current_user_saved_tensors_hooks",
     "has_ordered_effects",
+    "is_tracing_for_compile",
     "policies_overridden_for_effects",
     "supports_respect_saved_tensors_hooks",
 ]
@@ -114,3 +115,13 @@ def policies_overridden_for_effects() -> FrozenSet[CheckpointPolicy]:
     recompute); later releases keep them so the effect happens once.
     """
     return frozenset(policy for policy in _NON_SAVING_POLICIES if not _torch_sac_replays_effect(policy))
+
+
+def is_tracing_for_compile() -> bool:
+    """Whether AOTAutograd (torch.compile) or export is tracing right now.
+
+    Then the forward and recompute contexts must be torch's own: under
+    tracing its caching mode tags each traced node with the policy, and the
+    partitioner, not a runtime cache, decides what is saved.
+    """
+    return bool(_torch_checkpoint._is_compiling(None, (), {}))

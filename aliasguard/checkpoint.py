@@ -46,6 +46,14 @@ Differences from torch's version, each for correctness:
   the forward mode gives the output its input's counter; otherwise a write to
   the result of ``x @ w`` would slip past the check.
 
+Note [SAC under torch.compile]: when AOTAutograd traces the checkpointed
+region (``torch.compile``, including ``fullgraph=True``, or export),
+:func:`create_selective_checkpoint_contexts` returns torch's own contexts for
+the same policy. There the policy is not a runtime cache but a tag on every
+traced node that the partitioner honours, so the compiled graph saves exactly
+what torch's SAC saves; the mutation checks do not apply (torch warns that
+the region must not mutate), as there is no cache to mutate.
+
 ``Tensor.data`` stays the escape hatch: it returns an alias with a fresh
 version counter, so writes through it are neither refused nor detected, and
 the recompute uses the written values. Use it only when that is what you want.
@@ -452,6 +460,12 @@ def create_selective_checkpoint_contexts(
     the forward pass.
     """
     policy_fn, saved_ops = _as_policy(policy_fn_or_list)
+    if _semantics.is_tracing_for_compile():
+        # See Note [SAC under torch.compile] in the module docstring.
+        return _torch_checkpoint.create_selective_checkpoint_contexts(
+            policy_fn if policy_fn is not None else list(saved_ops),
+            allow_cache_entry_mutation,
+        )
     state = _C._sac_new_state(
         policy_fn,
         saved_ops,
