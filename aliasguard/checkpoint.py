@@ -46,6 +46,12 @@ Differences from torch's version, each for correctness:
   the forward mode gives the output its input's counter; otherwise a write to
   the result of ``x @ w`` would slip past the check.
 
+Everything else follows the running torch's SAC, found out at run time (see
+:mod:`aliasguard._torch_sac_semantics`): when the policy is called (only in
+the forward pass on torch 2.13 and 2.14), ``respect_saved_tensors_hooks``
+(torch 2.14 on; refused with a clear error before), and whether ops with
+ordered side effects are kept whatever the policy says.
+
 Note [SAC under torch.compile]: when AOTAutograd traces the checkpointed
 region (``torch.compile``, including ``fullgraph=True``, or export),
 :func:`create_selective_checkpoint_contexts` returns torch's own contexts for

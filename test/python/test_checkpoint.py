@@ -838,3 +838,39 @@ def test_mutation_after_forward_is_caught_with_hooks_respected():
         y.mul_(2)
     with pytest.raises(CheckpointMutationError, match="version was 0 when cached and is 1 now"):
         s.sum().backward()
+
+
+# ---------------------------------------------------------------------------
+# The C++ __torch_dispatch__ (see Note [SAC dispatch without Python frames])
+
+
+def test_dispatch_called_directly_like_a_higher_order_op_redirect():
+    # torch's HOP redirects call mode.__torch_dispatch__(op, [], args, kwargs).
+    forward, recompute = create_selective_checkpoint_contexts([aten.mm.default])
+    x, w = mm_inputs()
+    out = forward.__torch_dispatch__(aten.mm.default, [], (x.detach(), w.detach()), {})
+    torch.testing.assert_close(out, x.detach() @ w.detach())
+    (op, cached, _), = forward.cached_entries()
+    assert op is aten.mm.default and torch.equal(cached, out) and cached is not out
+    # Keyword form, as a Python __torch_dispatch__ could be called.
+    out2 = forward.__torch_dispatch__(func=aten.sin.default, types=[], args=(x.detach(),), kwargs=None)
+    torch.testing.assert_close(out2, x.detach().sin())
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], [x], None), "args must be a tuple"),
+        (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), [("a", 1)]), "kwargs must be a dict or None"),
+        (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), None, bad=1), "unexpected keyword argument 'bad'"),
+        (lambda m, x: m.__torch_dispatch__(), "missing self or func"),
+    ],
+    ids=["args-list", "kwargs-list", "unknown-keyword", "no-func"],
+)
+@pytest.mark.parametrize("which", [0, 1], ids=["forward", "recompute"])
+def test_dispatch_called_with_bad_arguments_raises_type_error(call, message, which):
+    mode = create_selective_checkpoint_contexts([aten.mm.default])[which]
+    x = torch.ones(2)
+    with pytest.raises(TypeError, match=message):
+        call(mode, x)
+    assert torch.equal(x, torch.ones(2)) and x._version == 0

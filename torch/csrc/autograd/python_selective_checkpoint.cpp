@@ -32,10 +32,12 @@
 
 #include <frameobject.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -197,9 +199,21 @@ struct SacState {
   SelectiveCheckpointCache cache;
   std::vector<EntryValue> values;
   py::object policy_fn; // None for a list policy
-  py::object saved_ops; // frozenset of ops, for a list policy
-  py::object effect_overrides; // frozenset of CheckpointPolicy
+  // The ops of a list policy, by identity: OpOverload hashes in Python, and
+  // compares by identity (one object per overload), so a set of pointers
+  // answers the same without a Python call.
+  py::object saved_ops; // keeps the pointers below valid
+  std::unordered_set<PyObject*> saved_op_ptrs;
+  // CheckpointPolicy members (singletons) the running torch overrides for
+  // effectful ops; see _torch_sac_semantics.py.
+  py::object effect_overrides;
+  std::vector<PyObject*> effect_override_ptrs;
   bool allow_mutation = false;
+
+  bool effect_overridden(PyObject* policy) const {
+    return std::find(effect_override_ptrs.begin(), effect_override_ptrs.end(), policy) !=
+        effect_override_ptrs.end();
+  }
 };
 
 const char* kStateCapsule = "aliasguard.SacState";
@@ -380,21 +394,11 @@ void share_unsafe_view_counter(PyObject* out, PyObject* args) {
 bool policy_saves(SacState& state, const OpInfo& info, PyObject* func, PyObject* args, PyObject* kwargs, PyObject* out) {
   const Config& cfg = config();
   if (state.policy_fn.is_none()) {
-    const int listed = PySet_Contains(state.saved_ops.ptr(), func);
-    if (listed < 0) {
-      throw python_error();
-    }
-    if (listed == 1) {
+    if (state.saved_op_ptrs.count(func) != 0) {
       return true; // MUST_SAVE
     }
-    if (!info.has_effects) {
-      return false; // PREFER_RECOMPUTE
-    }
-    const int overridden = PySet_Contains(state.effect_overrides.ptr(), cfg.prefer_recompute.ptr());
-    if (overridden < 0) {
-      throw python_error();
-    }
-    return overridden == 1;
+    // PREFER_RECOMPUTE, unless the running torch keeps effectful ops.
+    return info.has_effects && state.effect_overridden(cfg.prefer_recompute.ptr());
   }
   // A SelectiveCheckpointContext without running its Python __init__.
   py::object ctx = py::reinterpret_steal<py::object>(PyBaseObject_Type.tp_new(
@@ -428,15 +432,8 @@ bool policy_saves(SacState& state, const OpInfo& info, PyObject* func, PyObject*
   if (policy.ptr() == cfg.must_save.ptr() || policy.ptr() == cfg.prefer_save.ptr()) {
     return true;
   }
-  if (info.has_effects) {
-    // The running torch may keep effectful ops whatever the policy.
-    const int overridden = PySet_Contains(state.effect_overrides.ptr(), policy.ptr());
-    if (overridden < 0) {
-      throw python_error();
-    }
-    return overridden == 1;
-  }
-  return false;
+  // The running torch may keep effectful ops whatever the policy.
+  return info.has_effects && state.effect_overridden(policy.ptr());
 }
 
 // Detached outputs (a tensor, or an exact tuple/list of tensors and other
@@ -543,7 +540,7 @@ DispatchArgs parse_dispatch_args(PyObject* const* stack, Py_ssize_t nargs, PyObj
   static const char* const names[] = {"self", "func", "types", "args", "kwargs"};
   PyObject* values[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   if (nargs > 5) {
-    throw py::type_error("__torch_dispatch__() takes at most 5 arguments");
+    throw torch::TypeError("__torch_dispatch__() takes at most 5 arguments");
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     values[i] = stack[i];
@@ -559,21 +556,22 @@ DispatchArgs parse_dispatch_args(PyObject* const* stack, Py_ssize_t nargs, PyObj
       }
     }
     if (!matched) {
-      throw py::type_error(std::string("__torch_dispatch__() got an unexpected keyword argument ") +
-                           (name == nullptr ? "?" : name));
+      throw torch::TypeError(
+          std::string("__torch_dispatch__() got an unexpected keyword argument '") +
+          (name == nullptr ? "?" : name) + "'");
     }
   }
   if (values[0] == nullptr || values[1] == nullptr) {
-    throw py::type_error("__torch_dispatch__() missing self or func");
+    throw torch::TypeError("__torch_dispatch__() missing self or func");
   }
   static PyObject* empty = PyTuple_New(0);
   PyObject* args = values[3] == nullptr ? empty : values[3];
   if (!PyTuple_Check(args)) {
-    throw py::type_error("__torch_dispatch__(): args must be a tuple");
+    throw torch::TypeError("__torch_dispatch__(): args must be a tuple");
   }
   PyObject* kwargs = values[4] == nullptr ? Py_None : values[4];
   if (kwargs != Py_None && !PyDict_Check(kwargs)) {
-    throw py::type_error("__torch_dispatch__(): kwargs must be a dict or None");
+    throw torch::TypeError("__torch_dispatch__(): kwargs must be a dict or None");
   }
   return {values[0], values[1], args, kwargs};
 }
@@ -730,7 +728,13 @@ void init_selective_checkpoint_bindings(py::module_& m) {
         auto state = std::make_unique<SacState>();
         state->policy_fn = std::move(policy_fn);
         state->saved_ops = std::move(saved_ops);
+        for (py::handle op : state->saved_ops) {
+          state->saved_op_ptrs.insert(op.ptr());
+        }
         state->effect_overrides = std::move(effect_overrides);
+        for (py::handle policy : state->effect_overrides) {
+          state->effect_override_ptrs.push_back(policy.ptr());
+        }
         state->allow_mutation = allow_mutation;
         PyObject* capsule = PyCapsule_New(state.get(), kStateCapsule, [](PyObject* obj) {
           delete static_cast<SacState*>(PyCapsule_GetPointer(obj, kStateCapsule));
