@@ -18,7 +18,10 @@ must produce the same gradients, checked across processes.
 
 The floor for SAC is plain checkpointing minus the recompute of the saved
 ops; with this policy (the matmuls) that is between "no checkpoint" and
-"plain checkpoint".
+"plain checkpoint". "pass-through modes" is plain checkpointing with two
+TorchDispatchModes that only forward each op (``func._op(*args, **kwargs)``):
+the cost of routing every op through torch's Python dispatch key, which any
+SAC built on a TorchDispatchMode pays, whatever its own per-op work.
 
     PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py [--repeats N] [--rounds R]
 """
@@ -48,7 +51,7 @@ LAYERS = 4
 # (batch, seq, dim, heads, ffn)
 SIZES = {"kernel-bound": (8, 128, 256, 4, 1024), "dispatch-bound": (1, 8, 32, 2, 64)}
 SAVE_MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
-STOCK = ("no checkpoint", "plain checkpoint", "torch SAC")
+STOCK = ("no checkpoint", "plain checkpoint", "pass-through modes", "torch SAC")
 OURS = ("aliasguard SAC",)
 
 
@@ -92,6 +95,20 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
             variants[name] = run(lambda block, x: block(x))
         elif name == "plain checkpoint":
             variants[name] = run(lambda block, x: torch_checkpoint.checkpoint(block, x, use_reentrant=False))
+        elif name == "pass-through modes":
+
+            class PassThrough(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    return func._op(*args, **(kwargs or {}))
+
+            def pass_through_context() -> Any:
+                return PassThrough(), PassThrough()
+
+            variants[name] = run(
+                lambda block, x: torch_checkpoint.checkpoint(
+                    block, x, use_reentrant=False, context_fn=pass_through_context
+                )
+            )
         elif name == "torch SAC":
 
             def torch_sac_context() -> Any:
