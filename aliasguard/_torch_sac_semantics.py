@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, FrozenSet, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
@@ -87,7 +87,9 @@ def _torch_sac_replays_effect(policy: CheckpointPolicy) -> bool:
     class CountCalls(torch.utils._python_dispatch.TorchDispatchMode):
         __aliasguard_fixup__ = False
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Optional[Dict[str, Any]] = None
+        ) -> Any:
             nonlocal calls
             if func is op:
                 calls += 1

@@ -71,11 +71,11 @@ import functools
 import os
 import sys
 import warnings
+from types import FrameType
 from typing import (
     Any,
     Callable,
     Collection,
-    Dict,
     FrozenSet,
     List,
     NoReturn,
@@ -165,7 +165,7 @@ def _user_location() -> str:
     Walking frames is cheap (no traceback objects, no source lines read), and
     holding only a string keeps no frame, and so none of its locals, alive.
     """
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(_LIBRARY_DIRS):
@@ -377,8 +377,8 @@ class _CachedMode(_semantics.TorchCachedMode):
 
 
 # See the class docstring; instance methods bound like functions.
-_CachingMode.__torch_dispatch__ = _C._sac_forward_dispatch  # type: ignore[assignment]
-_CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch  # type: ignore[assignment]
+_CachingMode.__torch_dispatch__ = _C._sac_forward_dispatch
+_CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch
 
 
 # Find out, once and before any user mode can be active, how the running

@@ -223,7 +223,10 @@ def run_worker(kind: str, label: str, repeats: int, warmup: int, grads_file: str
     return result
 
 
-def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Dict[str, List[float]], Dict[str, List[float]], Dict[str, int], str]:
+Samples = Dict[str, List[float]]
+
+
+def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples, Samples, Dict[str, int], str]:
     wall: Dict[str, List[float]] = {name: [] for name in STOCK + OURS}
     cpu: Dict[str, List[float]] = {name: [] for name in STOCK + OURS}
     saved: Dict[str, int] = {}

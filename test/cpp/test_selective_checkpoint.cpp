@@ -16,7 +16,9 @@ int sin_key;
 const void* const kMm = &mm_key;
 const void* const kSin = &sin_key;
 
-TEST(SelectiveCheckpointCache, FindsCachedOutputThroughAnyTensorSharingItsCounter) {
+TEST(
+    SelectiveCheckpointCache,
+    FindsCachedOutputThroughAnyTensorSharingItsCounter) {
   SelectiveCheckpointCache cache;
   at::Tensor first = at::randn({2, 2});
   at::Tensor second = at::randn({3});
@@ -98,4 +100,4 @@ TEST(SelectiveCheckpointCache, InferenceTensorsAreNotWatched) {
   EXPECT_FALSE(cache.changed_output(entry).has_value());
 }
 
-} // namespace
+}  // namespace

@@ -763,7 +763,8 @@ def torch_has_respect_saved_tensors_hooks() -> bool:
 @pytest.mark.parametrize("value", [True, False])
 def test_respect_saved_tensors_hooks_is_refused_where_torch_lacks_it(value):
     inputs = mm_inputs()
-    with pytest.raises(ValueError, match=re.escape(f"respect_saved_tensors_hooks is not supported with torch {torch.__version__}")):
+    expected = f"respect_saved_tensors_hooks is not supported with torch {torch.__version__}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         checkpoint(mm_and_sin, *inputs, policy=[aten.mm.default], respect_saved_tensors_hooks=value)
 
 
@@ -862,7 +863,10 @@ def test_dispatch_called_directly_like_a_higher_order_op_redirect():
     [
         (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], [x], None), "args must be a tuple"),
         (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), [("a", 1)]), "kwargs must be a dict or None"),
-        (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), None, bad=1), "unexpected keyword argument 'bad'"),
+        (
+            lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), None, bad=1),
+            "unexpected keyword argument 'bad'",
+        ),
         (lambda m, x: m.__torch_dispatch__(), "missing self or func"),
     ],
     ids=["args-list", "kwargs-list", "unknown-keyword", "no-func"],

@@ -185,7 +185,8 @@ def _worker(scenarios: str) -> Dict[str, Any]:
             def tp(module: torch.nn.Sequential) -> torch.nn.Module:
                 for i in range(len(module)):
                     prefix = "block." if isinstance(module[i], Checkpointed) else ""
-                    parallelize_module(module[i], mesh, {f"{prefix}up": ColwiseParallel(), f"{prefix}down": RowwiseParallel()})
+                    plan = {f"{prefix}up": ColwiseParallel(), f"{prefix}down": RowwiseParallel()}
+                    parallelize_module(module[i], mesh, plan)
                 return module
 
             return compare(Checkpointed, tp)

@@ -49,31 +49,31 @@ namespace {
 // Objects of checkpoint.py and torch the dispatch functions need, handed over
 // once by _sac_configure. Leaked: no Py_DECREF after interpreter shutdown.
 struct Config {
-  py::object ignored_ops; // frozenset: SAC_IGNORED_OPS
-  py::object op_overload_type; // torch._ops.OpOverload
-  py::object has_effects; // op -> bool
-  py::object unsafe_view; // aten._unsafe_view.default
-  py::object context_type; // SelectiveCheckpointContext
-  py::object policy_type; // CheckpointPolicy
+  py::object ignored_ops;       // frozenset: SAC_IGNORED_OPS
+  py::object op_overload_type;  // torch._ops.OpOverload
+  py::object has_effects;       // op -> bool
+  py::object unsafe_view;       // aten._unsafe_view.default
+  py::object context_type;      // SelectiveCheckpointContext
+  py::object policy_type;       // CheckpointPolicy
   py::object must_save;
   py::object prefer_save;
   py::object prefer_recompute;
-  py::object coerce_policy; // (policy, func) -> CheckpointPolicy or raise
-  py::object forward_error; // (func, cached_op, index, cached_at) -> raise
-  py::object recompute_error; // (cached_op, index, cached_at, expected, found)
-  py::object missing_error; // (func, calls, forward_calls) -> raise
-  py::object consumed_error; // (func) -> raise
-  py::object detach_tree; // out -> (cached value, [tensors])
-  py::object pack_value; // (value, pack) -> packed value
-  py::object unpack_value; // (packed value, unpack) -> value
-  py::object top_hooks; // () -> the innermost saved-tensors hooks or None
-  py::object user_hooks; // (mode) -> (pack, unpack) or None
-  py::object correct_aliasing; // aliasguard._C._correct_aliasing
-  py::object correction_enabled; // aliasguard._C._is_alias_correction_enabled
-  std::vector<std::string> library_prefixes; // torch's and aliasguard's dirs
-  py::object state_attribute; // "_sac", interned
-  py::object is_recompute_name; // "is_recompute"
-  py::object op_output_name; // "op_output"
+  py::object coerce_policy;    // (policy, func) -> CheckpointPolicy or raise
+  py::object forward_error;    // (func, cached_op, index, cached_at) -> raise
+  py::object recompute_error;  // (cached_op, index, cached_at, expected, found)
+  py::object missing_error;    // (func, calls, forward_calls) -> raise
+  py::object consumed_error;   // (func) -> raise
+  py::object detach_tree;      // out -> (cached value, [tensors])
+  py::object pack_value;       // (value, pack) -> packed value
+  py::object unpack_value;     // (packed value, unpack) -> value
+  py::object top_hooks;   // () -> the innermost saved-tensors hooks or None
+  py::object user_hooks;  // (mode) -> (pack, unpack) or None
+  py::object correct_aliasing;    // aliasguard._C._correct_aliasing
+  py::object correction_enabled;  // aliasguard._C._is_alias_correction_enabled
+  std::vector<std::string> library_prefixes;  // torch's and aliasguard's dirs
+  py::object state_attribute;                 // "_sac", interned
+  py::object is_recompute_name;               // "is_recompute"
+  py::object op_output_name;                  // "op_output"
   bool ready = false;
 };
 
@@ -85,8 +85,8 @@ Config& config() {
 // What the dispatch functions need to know about an op, computed on first
 // sight. Only touched with the GIL held.
 struct OpInfo {
-  py::object func; // the key: keeps its address from being reused
-  py::object call; // OpOverload._op, or func itself
+  py::object func;  // the key: keeps its address from being reused
+  py::object call;  // OpOverload._op, or func itself
   bool ignored = false;
   bool is_unsafe_view = false;
   bool has_effects = false;
@@ -105,12 +105,14 @@ struct OpInfo {
 };
 
 std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>& op_table() {
-  static auto* table = new std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>();
+  static auto* table =
+      new std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>();
   return *table;
 }
 
 std::string attr_string(PyObject* obj, const char* name) {
-  py::object value = py::reinterpret_steal<py::object>(PyObject_GetAttrString(obj, name));
+  py::object value =
+      py::reinterpret_steal<py::object>(PyObject_GetAttrString(obj, name));
   if (!value) {
     throw python_error();
   }
@@ -118,14 +120,16 @@ std::string attr_string(PyObject* obj, const char* name) {
 }
 
 void read_schema(OpInfo& info) {
-  py::object schema = py::reinterpret_steal<py::object>(PyObject_GetAttrString(info.func.ptr(), "_schema"));
+  py::object schema = py::reinterpret_steal<py::object>(
+      PyObject_GetAttrString(info.func.ptr(), "_schema"));
   if (!schema) {
     throw python_error();
   }
   auto handle = c10::Dispatcher::singleton().findSchema(
-      {attr_string(schema.ptr(), "name"), attr_string(schema.ptr(), "overload_name")});
+      {attr_string(schema.ptr(), "name"),
+       attr_string(schema.ptr(), "overload_name")});
   if (!handle) {
-    return; // a schema the dispatcher no longer knows: treated as pure
+    return;  // a schema the dispatcher no longer knows: treated as pure
   }
   const c10::FunctionSchema& fn_schema = handle->schema();
   const auto& arguments = fn_schema.arguments();
@@ -138,7 +142,9 @@ void read_schema(OpInfo& info) {
       }
       PyUnicode_InternInPlace(&name);
       info.written.push_back(
-          {static_cast<Py_ssize_t>(i), py::reinterpret_steal<py::object>(name), arguments[i].kwarg_only()});
+          {static_cast<Py_ssize_t>(i),
+           py::reinterpret_steal<py::object>(name),
+           arguments[i].kwarg_only()});
     }
   }
   for (const auto& ret : fn_schema.returns()) {
@@ -161,7 +167,7 @@ const OpInfo& op_info(PyObject* func) {
   info->func = py::reinterpret_borrow<py::object>(func);
   const int ignored = PySet_Contains(cfg.ignored_ops.ptr(), func);
   if (ignored < 0) {
-    PyErr_Clear(); // unhashable: not one of the ignored ops
+    PyErr_Clear();  // unhashable: not one of the ignored ops
   }
   info->ignored = ignored == 1;
   info->is_unsafe_view = func == cfg.unsafe_view.ptr();
@@ -170,15 +176,17 @@ const OpInfo& op_info(PyObject* func) {
     throw python_error();
   }
   if (is_overload == 1) {
-    info->call = py::reinterpret_steal<py::object>(PyObject_GetAttrString(func, "_op"));
+    info->call =
+        py::reinterpret_steal<py::object>(PyObject_GetAttrString(func, "_op"));
     if (!info->call) {
       throw python_error();
     }
     read_schema(*info);
   } else {
-    info->call = info->func; // a higher-order op: no schema, treated as pure
+    info->call = info->func;  // a higher-order op: no schema, treated as pure
   }
-  py::object effects = py::reinterpret_steal<py::object>(PyObject_CallOneArg(cfg.has_effects.ptr(), func));
+  py::object effects = py::reinterpret_steal<py::object>(
+      PyObject_CallOneArg(cfg.has_effects.ptr(), func));
   if (!effects) {
     throw python_error();
   }
@@ -189,20 +197,20 @@ const OpInfo& op_info(PyObject* func) {
 // One cached op call: the value handed back at recompute and where the user's
 // code ran the op (formatted only for messages).
 struct EntryValue {
-  py::object value; // None once consumed
-  py::object unpack; // the user's unpack hook when `value` is packed
-  py::object code; // code object of the user's frame, or None
+  py::object value;   // None once consumed
+  py::object unpack;  // the user's unpack hook when `value` is packed
+  py::object code;    // code object of the user's frame, or None
   int line = 0;
 };
 
 struct SacState {
   SelectiveCheckpointCache cache;
   std::vector<EntryValue> values;
-  py::object policy_fn; // None for a list policy
+  py::object policy_fn;  // None for a list policy
   // The ops of a list policy, by identity: OpOverload hashes in Python, and
   // compares by identity (one object per overload), so a set of pointers
   // answers the same without a Python call.
-  py::object saved_ops; // keeps the pointers below valid
+  py::object saved_ops;  // keeps the pointers below valid
   std::unordered_set<PyObject*> saved_op_ptrs;
   // CheckpointPolicy members (singletons) the running torch overrides for
   // effectful ops; see _torch_sac_semantics.py.
@@ -211,15 +219,18 @@ struct SacState {
   bool allow_mutation = false;
 
   bool effect_overridden(PyObject* policy) const {
-    return std::find(effect_override_ptrs.begin(), effect_override_ptrs.end(), policy) !=
-        effect_override_ptrs.end();
+    return std::find(
+               effect_override_ptrs.begin(),
+               effect_override_ptrs.end(),
+               policy) != effect_override_ptrs.end();
   }
 };
 
 const char* kStateCapsule = "aliasguard.SacState";
 
 SacState* state_of_capsule(PyObject* capsule) {
-  auto* state = static_cast<SacState*>(PyCapsule_GetPointer(capsule, kStateCapsule));
+  auto* state =
+      static_cast<SacState*>(PyCapsule_GetPointer(capsule, kStateCapsule));
   if (state == nullptr) {
     throw python_error();
   }
@@ -227,20 +238,21 @@ SacState* state_of_capsule(PyObject* capsule) {
 }
 
 SacState* state_of_mode(PyObject* mode) {
-  py::object capsule = py::reinterpret_steal<py::object>(PyObject_GetAttr(mode, config().state_attribute.ptr()));
+  py::object capsule = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(mode, config().state_attribute.ptr()));
   if (!capsule) {
     throw python_error();
   }
-  return state_of_capsule(capsule.ptr()); // the mode keeps it alive
+  return state_of_capsule(capsule.ptr());  // the mode keeps it alive
 }
 
 // The innermost frame outside torch and aliasguard: (code, line).
 std::pair<py::object, int> user_frame() {
   const auto& prefixes = config().library_prefixes;
-  PyFrameObject* frame = PyEval_GetFrame(); // borrowed
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame); // new reference
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
     Py_ssize_t size = 0;
     const char* filename = PyUnicode_AsUTF8AndSize(code->co_filename, &size);
     if (filename == nullptr) {
@@ -255,10 +267,12 @@ std::pair<py::object, int> user_frame() {
     if (!library) {
       const int line = PyFrame_GetLineNumber(frame);
       Py_DECREF(frame);
-      return {py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(code)), line};
+      return {
+          py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(code)),
+          line};
     }
     Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(frame); // new reference
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     Py_DECREF(frame);
     frame = back;
   }
@@ -270,16 +284,19 @@ std::string location(const EntryValue& entry) {
     return "<unknown>";
   }
   auto* code = reinterpret_cast<PyCodeObject*>(entry.code.ptr());
-  return py::reinterpret_borrow<py::object>(code->co_filename).cast<std::string>() + ":" +
-      std::to_string(entry.line);
+  return py::reinterpret_borrow<py::object>(code->co_filename)
+             .cast<std::string>() +
+         ":" + std::to_string(entry.line);
 }
 
 bool is_tensor(PyObject* obj) {
-  return PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(THPVariableClass));
+  return PyObject_TypeCheck(
+      obj, reinterpret_cast<PyTypeObject*>(THPVariableClass));
 }
 
 // Calls `fn(*args)`; always throws: the helpers raise the error to report.
-[[noreturn]] void raise_through(const py::object& fn, std::initializer_list<py::handle> args) {
+[[noreturn]] void raise_through(
+    const py::object& fn, std::initializer_list<py::handle> args) {
   py::tuple packed(args.size());
   size_t i = 0;
   for (py::handle arg : args) {
@@ -288,7 +305,8 @@ bool is_tensor(PyObject* obj) {
   PyObject* result = PyObject_Call(fn.ptr(), packed.ptr(), nullptr);
   Py_XDECREF(result);
   if (!PyErr_Occurred()) {
-    PyErr_SetString(PyExc_SystemError, "aliasguard.checkpoint: an error helper returned");
+    PyErr_SetString(
+        PyExc_SystemError, "aliasguard.checkpoint: an error helper returned");
   }
   throw python_error();
 }
@@ -296,20 +314,27 @@ bool is_tensor(PyObject* obj) {
 // Runs the op, then corrects aliasing like the wrapper of a Python
 // __torch_dispatch__ would (see the note at the top).
 py::object run_op(const OpInfo& info, PyObject* args, PyObject* kwargs) {
-  PyObject* out = PyObject_Call(info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
+  PyObject* out = PyObject_Call(
+      info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
   if (out == nullptr) {
     throw python_error();
   }
   py::object result = py::reinterpret_steal<py::object>(out);
   if (info.has_aliasing_returns) {
     const Config& cfg = config();
-    py::object enabled = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(cfg.correction_enabled.ptr()));
+    py::object enabled = py::reinterpret_steal<py::object>(
+        PyObject_CallNoArgs(cfg.correction_enabled.ptr()));
     if (!enabled) {
       throw python_error();
     }
     if (enabled.ptr() == Py_True) {
       PyObject* corrected = PyObject_CallFunctionObjArgs(
-          cfg.correct_aliasing.ptr(), info.func.ptr(), args, kwargs, result.ptr(), nullptr);
+          cfg.correct_aliasing.ptr(),
+          info.func.ptr(),
+          args,
+          kwargs,
+          result.ptr(),
+          nullptr);
       if (corrected == nullptr) {
         throw python_error();
       }
@@ -321,7 +346,8 @@ py::object run_op(const OpInfo& info, PyObject* args, PyObject* kwargs) {
 
 // Every tensor an op writes, by its schema's Tensor(a!) arguments.
 template <typename F>
-void for_each_written(const OpInfo& info, PyObject* args, PyObject* kwargs, F&& visit) {
+void for_each_written(
+    const OpInfo& info, PyObject* args, PyObject* kwargs, F&& visit) {
   const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
   for (const auto& written : info.written) {
     PyObject* value = nullptr;
@@ -338,8 +364,9 @@ void for_each_written(const OpInfo& info, PyObject* args, PyObject* kwargs, F&& 
     }
     if (is_tensor(value)) {
       visit(THPVariable_Unpack(value));
-    } else if (PyList_Check(value) || PyTuple_Check(value)) { // Tensor(a!)[]
-      py::object items = py::reinterpret_steal<py::object>(PySequence_Fast(value, ""));
+    } else if (PyList_Check(value) || PyTuple_Check(value)) {  // Tensor(a!)[]
+      py::object items =
+          py::reinterpret_steal<py::object>(PySequence_Fast(value, ""));
       if (!items) {
         throw python_error();
       }
@@ -354,7 +381,8 @@ void for_each_written(const OpInfo& info, PyObject* args, PyObject* kwargs, F&& 
 }
 
 // Refuses a write to the memory of a cached output; nothing ran yet.
-void check_forward_write(SacState& state, const OpInfo& info, PyObject* args, PyObject* kwargs) {
+void check_forward_write(
+    SacState& state, const OpInfo& info, PyObject* args, PyObject* kwargs) {
   for_each_written(info, args, kwargs, [&](const at::Tensor& tensor) {
     if (!tensor.defined()) {
       return;
@@ -363,11 +391,15 @@ void check_forward_write(SacState& state, const OpInfo& info, PyObject* args, Py
     if (!found) {
       return;
     }
-    const auto cached_op = reinterpret_cast<PyObject*>(const_cast<void*>(state.cache.entry_op(found->entry)));
+    const auto cached_op = reinterpret_cast<PyObject*>(
+        const_cast<void*>(state.cache.entry_op(found->entry)));
     const std::string cached_at = location(state.values.at(found->entry));
     raise_through(
         config().forward_error,
-        {info.func, cached_op, py::int_(found->output_index), py::str(cached_at)});
+        {info.func,
+         cached_op,
+         py::int_(found->output_index),
+         py::str(cached_at)});
   });
 }
 
@@ -376,14 +408,16 @@ void check_forward_write(SacState& state, const OpInfo& info, PyObject* args, Py
 // be cached it is no longer private: give the output its input's counter, so
 // that a write through the result of `x @ w` is seen.
 void share_unsafe_view_counter(PyObject* out, PyObject* args) {
-  if (PyTuple_GET_SIZE(args) == 0 || !is_tensor(out) || !is_tensor(PyTuple_GET_ITEM(args, 0))) {
+  if (PyTuple_GET_SIZE(args) == 0 || !is_tensor(out) ||
+      !is_tensor(PyTuple_GET_ITEM(args, 0))) {
     return;
   }
   const at::Tensor& result = THPVariable_Unpack(out);
   const at::Tensor& source = THPVariable_Unpack(PyTuple_GET_ITEM(args, 0));
   c10::TensorImpl* result_impl = result.unsafeGetTensorImpl();
   const c10::TensorImpl* source_impl = source.unsafeGetTensorImpl();
-  if (result.is_inference() || source.is_inference() || !result.is_alias_of(source) ||
+  if (result.is_inference() || source.is_inference() ||
+      !result.is_alias_of(source) ||
       c10::shares_version_counter(*result_impl, *source_impl)) {
     return;
   }
@@ -391,45 +425,61 @@ void share_unsafe_view_counter(PyObject* out, PyObject* args) {
 }
 
 // True when the policy says to keep the op's output.
-bool policy_saves(SacState& state, const OpInfo& info, PyObject* func, PyObject* args, PyObject* kwargs, PyObject* out) {
+bool policy_saves(
+    SacState& state,
+    const OpInfo& info,
+    PyObject* func,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out) {
   const Config& cfg = config();
   if (state.policy_fn.is_none()) {
     if (state.saved_op_ptrs.count(func) != 0) {
-      return true; // MUST_SAVE
+      return true;  // MUST_SAVE
     }
     // PREFER_RECOMPUTE, unless the running torch keeps effectful ops.
-    return info.has_effects && state.effect_overridden(cfg.prefer_recompute.ptr());
+    return info.has_effects &&
+           state.effect_overridden(cfg.prefer_recompute.ptr());
   }
   // A SelectiveCheckpointContext without running its Python __init__.
   py::object ctx = py::reinterpret_steal<py::object>(PyBaseObject_Type.tp_new(
-      reinterpret_cast<PyTypeObject*>(cfg.context_type.ptr()), py::tuple().ptr(), nullptr));
-  if (!ctx || PyObject_SetAttr(ctx.ptr(), cfg.is_recompute_name.ptr(), Py_False) < 0 ||
+      reinterpret_cast<PyTypeObject*>(cfg.context_type.ptr()),
+      py::tuple().ptr(),
+      nullptr));
+  if (!ctx ||
+      PyObject_SetAttr(ctx.ptr(), cfg.is_recompute_name.ptr(), Py_False) < 0 ||
       PyObject_SetAttr(ctx.ptr(), cfg.op_output_name.ptr(), out) < 0) {
     throw python_error();
   }
   const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
-  py::object call_args = py::reinterpret_steal<py::object>(PyTuple_New(num_args + 2));
+  py::object call_args =
+      py::reinterpret_steal<py::object>(PyTuple_New(num_args + 2));
   if (!call_args) {
     throw python_error();
   }
   PyTuple_SET_ITEM(call_args.ptr(), 0, ctx.release().ptr());
   PyTuple_SET_ITEM(call_args.ptr(), 1, Py_NewRef(func));
   for (Py_ssize_t i = 0; i < num_args; ++i) {
-    PyTuple_SET_ITEM(call_args.ptr(), i + 2, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    PyTuple_SET_ITEM(
+        call_args.ptr(), i + 2, Py_NewRef(PyTuple_GET_ITEM(args, i)));
   }
-  py::object policy = py::reinterpret_steal<py::object>(
-      PyObject_Call(state.policy_fn.ptr(), call_args.ptr(), kwargs == Py_None ? nullptr : kwargs));
+  py::object policy = py::reinterpret_steal<py::object>(PyObject_Call(
+      state.policy_fn.ptr(),
+      call_args.ptr(),
+      kwargs == Py_None ? nullptr : kwargs));
   if (!policy) {
     throw python_error();
   }
-  if (Py_TYPE(policy.ptr()) != reinterpret_cast<PyTypeObject*>(cfg.policy_type.ptr())) {
-    policy = py::reinterpret_steal<py::object>(
-        PyObject_CallFunctionObjArgs(cfg.coerce_policy.ptr(), policy.ptr(), func, nullptr));
+  if (Py_TYPE(policy.ptr()) !=
+      reinterpret_cast<PyTypeObject*>(cfg.policy_type.ptr())) {
+    policy = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
+        cfg.coerce_policy.ptr(), policy.ptr(), func, nullptr));
     if (!policy) {
       throw python_error();
     }
   }
-  if (policy.ptr() == cfg.must_save.ptr() || policy.ptr() == cfg.prefer_save.ptr()) {
+  if (policy.ptr() == cfg.must_save.ptr() ||
+      policy.ptr() == cfg.prefer_save.ptr()) {
     return true;
   }
   // The running torch may keep effectful ops whatever the policy.
@@ -438,9 +488,11 @@ bool policy_saves(SacState& state, const OpInfo& info, PyObject* func, PyObject*
 
 // Detached outputs (a tensor, or an exact tuple/list of tensors and other
 // objects) and the tensors among them; anything else goes through Python.
-py::object detach_outputs(PyObject* out, std::vector<const at::Tensor*>& tensors) {
+py::object detach_outputs(
+    PyObject* out, std::vector<const at::Tensor*>& tensors) {
   if (is_tensor(out)) {
-    py::object detached = py::reinterpret_steal<py::object>(THPVariable_Wrap(THPVariable_Unpack(out).detach()));
+    py::object detached = py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(THPVariable_Unpack(out).detach()));
     if (!detached) {
       throw python_error();
     }
@@ -449,21 +501,28 @@ py::object detach_outputs(PyObject* out, std::vector<const at::Tensor*>& tensors
   }
   const bool is_tuple = PyTuple_CheckExact(out);
   if (is_tuple || PyList_CheckExact(out)) {
-    const Py_ssize_t size = is_tuple ? PyTuple_GET_SIZE(out) : PyList_GET_SIZE(out);
+    const Py_ssize_t size =
+        is_tuple ? PyTuple_GET_SIZE(out) : PyList_GET_SIZE(out);
     bool flat = true;
     for (Py_ssize_t i = 0; i < size && flat; ++i) {
-      PyObject* item = is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
+      PyObject* item =
+          is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
       flat = !(PyTuple_Check(item) || PyList_Check(item) || PyDict_Check(item));
     }
     if (flat) {
-      py::object copy = py::reinterpret_steal<py::object>(is_tuple ? PyTuple_New(size) : PyList_New(size));
+      py::object copy = py::reinterpret_steal<py::object>(
+          is_tuple ? PyTuple_New(size) : PyList_New(size));
       if (!copy) {
         throw python_error();
       }
       std::vector<PyObject*> detached_items;
       for (Py_ssize_t i = 0; i < size; ++i) {
-        PyObject* item = is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
-        PyObject* kept = is_tensor(item) ? THPVariable_Wrap(THPVariable_Unpack(item).detach()) : Py_NewRef(item);
+        PyObject* item =
+            is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
+        PyObject* kept =
+            is_tensor(item)
+                ? THPVariable_Wrap(THPVariable_Unpack(item).detach())
+                : Py_NewRef(item);
         if (kept == nullptr) {
           throw python_error();
         }
@@ -482,19 +541,22 @@ py::object detach_outputs(PyObject* out, std::vector<const at::Tensor*>& tensors
     }
   }
   // A pytree of another shape (higher-order ops, structseqs): Python flattens.
-  py::object pair = py::reinterpret_steal<py::object>(PyObject_CallOneArg(config().detach_tree.ptr(), out));
+  py::object pair = py::reinterpret_steal<py::object>(
+      PyObject_CallOneArg(config().detach_tree.ptr(), out));
   if (!pair) {
     throw python_error();
   }
   py::tuple result = pair.cast<py::tuple>();
   for (py::handle leaf : result[1].cast<py::list>()) {
-    tensors.push_back(is_tensor(leaf.ptr()) ? &THPVariable_Unpack(leaf.ptr()) : nullptr);
+    tensors.push_back(
+        is_tensor(leaf.ptr()) ? &THPVariable_Unpack(leaf.ptr()) : nullptr);
   }
   // result[1]'s tensors are inside result[0], which the entry keeps.
   return result[0];
 }
 
-void cache_outputs(SacState& state, PyObject* mode, PyObject* func, PyObject* out) {
+void cache_outputs(
+    SacState& state, PyObject* mode, PyObject* func, PyObject* out) {
   std::vector<const at::Tensor*> tensors;
   EntryValue entry;
   entry.value = detach_outputs(out, tensors);
@@ -505,19 +567,22 @@ void cache_outputs(SacState& state, PyObject* mode, PyObject* func, PyObject* ou
   // keeps what their pack hook makes of the outputs; the counters above
   // still watch the outputs themselves.
   const Config& cfg = config();
-  py::object top = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(cfg.top_hooks.ptr()));
+  py::object top = py::reinterpret_steal<py::object>(
+      PyObject_CallNoArgs(cfg.top_hooks.ptr()));
   if (!top) {
     throw python_error();
   }
   if (!top.is_none()) {
-    py::object hooks = py::reinterpret_steal<py::object>(PyObject_CallOneArg(cfg.user_hooks.ptr(), mode));
+    py::object hooks = py::reinterpret_steal<py::object>(
+        PyObject_CallOneArg(cfg.user_hooks.ptr(), mode));
     if (!hooks) {
       throw python_error();
     }
     if (!hooks.is_none()) {
       py::tuple pair = hooks.cast<py::tuple>();
-      py::object packed = py::reinterpret_steal<py::object>(
-          PyObject_CallFunctionObjArgs(cfg.pack_value.ptr(), entry.value.ptr(), pair[0].ptr(), nullptr));
+      py::object packed =
+          py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
+              cfg.pack_value.ptr(), entry.value.ptr(), pair[0].ptr(), nullptr));
       if (!packed) {
         throw python_error();
       }
@@ -531,13 +596,15 @@ void cache_outputs(SacState& state, PyObject* mode, PyObject* func, PyObject* ou
 struct DispatchArgs {
   PyObject* mode;
   PyObject* func;
-  PyObject* args; // a tuple
-  PyObject* kwargs; // a dict or None
+  PyObject* args;    // a tuple
+  PyObject* kwargs;  // a dict or None
 };
 
 // (self, func, types, args=(), kwargs=None), positionally or by keyword.
-DispatchArgs parse_dispatch_args(PyObject* const* stack, Py_ssize_t nargs, PyObject* kwnames) {
-  static const char* const names[] = {"self", "func", "types", "args", "kwargs"};
+DispatchArgs parse_dispatch_args(
+    PyObject* const* stack, Py_ssize_t nargs, PyObject* kwnames) {
+  static const char* const names[] = {
+      "self", "func", "types", "args", "kwargs"};
   PyObject* values[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   if (nargs > 5) {
     throw torch::TypeError("__torch_dispatch__() takes at most 5 arguments");
@@ -557,7 +624,8 @@ DispatchArgs parse_dispatch_args(PyObject* const* stack, Py_ssize_t nargs, PyObj
     }
     if (!matched) {
       throw torch::TypeError(
-          std::string("__torch_dispatch__() got an unexpected keyword argument '") +
+          std::string(
+              "__torch_dispatch__() got an unexpected keyword argument '") +
           (name == nullptr ? "?" : name) + "'");
     }
   }
@@ -571,14 +639,20 @@ DispatchArgs parse_dispatch_args(PyObject* const* stack, Py_ssize_t nargs, PyObj
   }
   PyObject* kwargs = values[4] == nullptr ? Py_None : values[4];
   if (kwargs != Py_None && !PyDict_Check(kwargs)) {
-    throw torch::TypeError("__torch_dispatch__(): kwargs must be a dict or None");
+    throw torch::TypeError(
+        "__torch_dispatch__(): kwargs must be a dict or None");
   }
   return {values[0], values[1], args, kwargs};
 }
 
-PyObject* forward_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_t nargsf, PyObject* kwnames) {
+PyObject* forward_dispatch(
+    PyObject* /*unused*/,
+    PyObject* const* stack,
+    size_t nargsf,
+    PyObject* kwnames) {
   HANDLE_TH_ERRORS
-  const DispatchArgs call = parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
+  const DispatchArgs call =
+      parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
   const OpInfo& info = op_info(call.func);
   if (info.ignored) {
     return run_op(info, call.args, call.kwargs).release().ptr();
@@ -592,7 +666,8 @@ PyObject* forward_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_t 
   if (info.is_unsafe_view) {
     share_unsafe_view_counter(out.ptr(), call.args);
   }
-  const bool save = policy_saves(state, info, call.func, call.args, call.kwargs, out.ptr());
+  const bool save =
+      policy_saves(state, info, call.func, call.args, call.kwargs, out.ptr());
   // Views and writes always run again; see the docstring of checkpoint.py.
   if (save && !info.is_view && !writes) {
     cache_outputs(state, call.mode, call.func, out.ptr());
@@ -603,9 +678,14 @@ PyObject* forward_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_t 
   END_HANDLE_TH_ERRORS
 }
 
-PyObject* recompute_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_t nargsf, PyObject* kwnames) {
+PyObject* recompute_dispatch(
+    PyObject* /*unused*/,
+    PyObject* const* stack,
+    size_t nargsf,
+    PyObject* kwnames) {
   HANDLE_TH_ERRORS
-  const DispatchArgs call = parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
+  const DispatchArgs call =
+      parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
   const OpInfo& info = op_info(call.func);
   if (info.ignored) {
     return run_op(info, call.args, call.kwargs).release().ptr();
@@ -618,7 +698,10 @@ PyObject* recompute_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_
       return run_op(info, call.args, call.kwargs).release().ptr();
     case Kind::kMissing:
       raise_through(
-          config().missing_error, {call.func, py::int_(slot.call_index + 1), py::int_(slot.forward_calls)});
+          config().missing_error,
+          {call.func,
+           py::int_(slot.call_index + 1),
+           py::int_(slot.forward_calls)});
     case Kind::kConsumed:
       raise_through(config().consumed_error, {call.func});
     case Kind::kCached:
@@ -640,10 +723,10 @@ PyObject* recompute_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_
   entry.value = py::none();
   state.cache.consume(slot.entry);
   if (!entry.unpack.is_none()) {
-    PyObject* unpacked =
-        PyObject_CallFunctionObjArgs(config().unpack_value.ptr(), value.ptr(), entry.unpack.ptr(), nullptr);
+    PyObject* unpacked = PyObject_CallFunctionObjArgs(
+        config().unpack_value.ptr(), value.ptr(), entry.unpack.ptr(), nullptr);
     entry.unpack = py::none();
-    return unpacked; // nullptr with the hook's error set
+    return unpacked;  // nullptr with the hook's error set
   }
   return value.release().ptr();
   END_HANDLE_TH_ERRORS
@@ -651,22 +734,26 @@ PyObject* recompute_dispatch(PyObject* /*unused*/, PyObject* const* stack, size_
 
 PyMethodDef forward_def = {
     "_sac_forward_dispatch",
-    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(forward_dispatch)),
+    reinterpret_cast<PyCFunction>(
+        reinterpret_cast<void (*)()>(forward_dispatch)),
     METH_FASTCALL | METH_KEYWORDS,
     "__torch_dispatch__ of aliasguard.checkpoint's forward mode"};
 PyMethodDef recompute_def = {
     "_sac_recompute_dispatch",
-    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(recompute_dispatch)),
+    reinterpret_cast<PyCFunction>(
+        reinterpret_cast<void (*)()>(recompute_dispatch)),
     METH_FASTCALL | METH_KEYWORDS,
     "__torch_dispatch__ of aliasguard.checkpoint's recompute mode"};
 
 // A builtin that binds to the instance it is looked up on, like a function.
 py::object as_method(PyMethodDef* def) {
-  py::object fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, nullptr));
+  py::object fn = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(def, nullptr, nullptr));
   if (!fn) {
     throw python_error();
   }
-  py::object method = py::reinterpret_steal<py::object>(PyInstanceMethod_New(fn.ptr()));
+  py::object method =
+      py::reinterpret_steal<py::object>(PyInstanceMethod_New(fn.ptr()));
   if (!method) {
     throw python_error();
   }
@@ -682,7 +769,7 @@ py::object intern(const char* text) {
   return py::reinterpret_steal<py::object>(name);
 }
 
-} // namespace
+}  // namespace
 
 void init_selective_checkpoint_bindings(py::module_& m) {
   m.def("_sac_configure", [m](py::dict options) mutable {
@@ -712,7 +799,8 @@ void init_selective_checkpoint_bindings(py::module_& m) {
     cfg.unpack_value = take("unpack_value");
     cfg.top_hooks = take("top_hooks");
     cfg.user_hooks = take("user_hooks");
-    cfg.library_prefixes = take("library_prefixes").cast<std::vector<std::string>>();
+    cfg.library_prefixes =
+        take("library_prefixes").cast<std::vector<std::string>>();
     cfg.correct_aliasing = m.attr("_correct_aliasing");
     cfg.correction_enabled = m.attr("_is_alias_correction_enabled");
     cfg.state_attribute = intern("_sac");
@@ -724,7 +812,10 @@ void init_selective_checkpoint_bindings(py::module_& m) {
   // The shared state of one checkpointed region's two modes.
   m.def(
       "_sac_new_state",
-      [](py::object policy_fn, py::object saved_ops, py::object effect_overrides, bool allow_mutation) {
+      [](py::object policy_fn,
+         py::object saved_ops,
+         py::object effect_overrides,
+         bool allow_mutation) {
         auto state = std::make_unique<SacState>();
         state->policy_fn = std::move(policy_fn);
         state->saved_ops = std::move(saved_ops);
@@ -736,9 +827,11 @@ void init_selective_checkpoint_bindings(py::module_& m) {
           state->effect_override_ptrs.push_back(policy.ptr());
         }
         state->allow_mutation = allow_mutation;
-        PyObject* capsule = PyCapsule_New(state.get(), kStateCapsule, [](PyObject* obj) {
-          delete static_cast<SacState*>(PyCapsule_GetPointer(obj, kStateCapsule));
-        });
+        PyObject* capsule =
+            PyCapsule_New(state.get(), kStateCapsule, [](PyObject* obj) {
+              delete static_cast<SacState*>(
+                  PyCapsule_GetPointer(obj, kStateCapsule));
+            });
         if (capsule == nullptr) {
           throw python_error();
         }
@@ -749,7 +842,9 @@ void init_selective_checkpoint_bindings(py::module_& m) {
       py::arg("saved_ops"),
       py::arg("effect_overrides"),
       py::arg("allow_mutation"));
-  m.def("_sac_end_forward", [](py::handle capsule) { state_of_capsule(capsule.ptr())->cache.end_forward(); });
+  m.def("_sac_end_forward", [](py::handle capsule) {
+    state_of_capsule(capsule.ptr())->cache.end_forward();
+  });
   m.def("_sac_begin_recompute", [](py::handle capsule) {
     state_of_capsule(capsule.ptr())->cache.begin_recompute();
   });
@@ -758,9 +853,12 @@ void init_selective_checkpoint_bindings(py::module_& m) {
     SacState& state = *state_of_capsule(capsule.ptr());
     py::list entries;
     for (size_t i = 0; i < state.values.size(); ++i) {
-      auto* op = reinterpret_cast<PyObject*>(const_cast<void*>(state.cache.entry_op(i)));
+      auto* op = reinterpret_cast<PyObject*>(
+          const_cast<void*>(state.cache.entry_op(i)));
       entries.append(py::make_tuple(
-          py::reinterpret_borrow<py::object>(op), state.values[i].value, location(state.values[i])));
+          py::reinterpret_borrow<py::object>(op),
+          state.values[i].value,
+          location(state.values[i])));
     }
     return entries;
   });
@@ -768,4 +866,4 @@ void init_selective_checkpoint_bindings(py::module_& m) {
   m.attr("_sac_recompute_dispatch") = as_method(&recompute_def);
 }
 
-} // namespace aliasguard
+}  // namespace aliasguard

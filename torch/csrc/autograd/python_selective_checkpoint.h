@@ -7,4 +7,4 @@ namespace aliasguard {
 // Adds the selective-checkpoint dispatch functions to aliasguard._C.
 void init_selective_checkpoint_bindings(pybind11::module_& m);
 
-} // namespace aliasguard
+}  // namespace aliasguard

@@ -9,8 +9,7 @@ void SelectiveCheckpointCache::record_recompute(OpKey op) {
 }
 
 size_t SelectiveCheckpointCache::record_cached(
-    OpKey op,
-    const std::vector<const at::Tensor*>& outputs) {
+    OpKey op, const std::vector<const at::Tensor*>& outputs) {
   const size_t index = entries_.size();
   Entry entry;
   entry.op = op;
@@ -38,8 +37,8 @@ size_t SelectiveCheckpointCache::record_cached(
   return index;
 }
 
-std::optional<SelectiveCheckpointCache::CachedOutput> SelectiveCheckpointCache::
-    find_cached(const c10::TensorImpl& written) const {
+std::optional<SelectiveCheckpointCache::CachedOutput>
+SelectiveCheckpointCache::find_cached(const c10::TensorImpl& written) const {
   if (by_counter_.empty() || !c10::has_version_counter(written)) {
     return std::nullopt;
   }
@@ -64,11 +63,11 @@ SelectiveCheckpointCache::Slot SelectiveCheckpointCache::next_call(OpKey op) {
   slot.call_index = recompute_calls_[op]++;
   auto it = slots_.find(op);
   if (it == slots_.end()) {
-    return slot; // kMissing, no forward calls
+    return slot;  // kMissing, no forward calls
   }
   slot.forward_calls = it->second.size();
   if (slot.call_index >= slot.forward_calls) {
-    return slot; // kMissing
+    return slot;  // kMissing
   }
   const size_t entry = it->second[slot.call_index];
   if (entry == kRecomputeSlot) {
@@ -76,12 +75,13 @@ SelectiveCheckpointCache::Slot SelectiveCheckpointCache::next_call(OpKey op) {
     return slot;
   }
   slot.entry = entry;
-  slot.kind = entries_[entry].consumed ? SlotKind::kConsumed : SlotKind::kCached;
+  slot.kind =
+      entries_[entry].consumed ? SlotKind::kConsumed : SlotKind::kCached;
   return slot;
 }
 
-std::optional<SelectiveCheckpointCache::VersionChange> SelectiveCheckpointCache::
-    changed_output(size_t entry) const {
+std::optional<SelectiveCheckpointCache::VersionChange>
+SelectiveCheckpointCache::changed_output(size_t entry) const {
   const Entry& cached = entries_.at(entry);
   for (size_t i = 0; i < cached.counters.size(); ++i) {
     if (!cached.counters[i].enabled()) {
@@ -102,4 +102,4 @@ void SelectiveCheckpointCache::consume(size_t entry) {
   cached.counters.shrink_to_fit();
 }
 
-} // namespace aliasguard
+}  // namespace aliasguard

@@ -38,16 +38,16 @@ class SelectiveCheckpointCache {
  public:
   // Where the recompute stands for one call of an op.
   enum class SlotKind : uint8_t {
-    kRecompute, // the forward pass did not cache it: run the op
-    kCached, // hand back entry `entry`
-    kConsumed, // already handed back to an earlier recompute
-    kMissing, // the forward pass made fewer calls of this op
+    kRecompute,  // the forward pass did not cache it: run the op
+    kCached,     // hand back entry `entry`
+    kConsumed,   // already handed back to an earlier recompute
+    kMissing,    // the forward pass made fewer calls of this op
   };
   struct Slot {
     SlotKind kind = SlotKind::kMissing;
-    size_t entry = 0; // kCached, kConsumed
-    size_t forward_calls = 0; // calls of the op in the forward pass
-    size_t call_index = 0; // this call's index among the recompute's calls
+    size_t entry = 0;          // kCached, kConsumed
+    size_t forward_calls = 0;  // calls of the op in the forward pass
+    size_t call_index = 0;     // this call's index among the recompute's calls
   };
   // A cached output found by its counter.
   struct CachedOutput {
@@ -111,4 +111,4 @@ class SelectiveCheckpointCache {
   std::unordered_map<OpKey, size_t> recompute_calls_;
 };
 
-} // namespace aliasguard
+}  // namespace aliasguard
