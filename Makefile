@@ -1,48 +1,93 @@
-# The README's two commands: `make demo` and `make test`. Both set up what is
-# missing (venv, torch 2.13.0, GoogleTest, Google Benchmark), build with CMake,
-# then run. Re-running is fast: set-up steps are skipped when done and the
-# build is incremental.
+# The README's commands: `make demo`, `make test`, `make bench` and
+# `make test-torch TORCH=<version>`. Each sets up what is missing (a venv with
+# torch and the tools; GoogleTest / Google Benchmark only for test / bench),
+# configures with CMake, builds only what it needs, then runs. Re-running is
+# fast: set-up is skipped when done and the build is incremental.
 
 PYTHON_BOOTSTRAP ?= python3
-VENV := .venv
-PY := $(VENV)/bin/python
-BUILD := build
+VENV ?= .venv
+# What goes into $(VENV) besides the tools (see requirements-dev.txt).
+TORCH_REQUIREMENT ?= -r requirements-dev.txt
+VENV_ABS := $(abspath $(VENV))
+PY := $(VENV_ABS)/bin/python
+BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export PATH := $(VENV_ABS)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: setup build demo test test-cpp test-python bench clean
+.PHONY: setup build demo test test-cpp test-python lint bench test-torch clean
 
-setup: $(VENV)/.ready /usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h
+setup: $(VENV)/.ready
 
-# torch is pinned exactly: any range would let pip fetch a multi-GB CUDA build.
-$(VENV)/.ready: requirements-dev.txt
+$(VENV)/.ready: requirements-dev.txt requirements-test.txt
+	tools/check_system_deps.sh build
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_REQUIREMENT)
 	touch $@
 
-/usr/include/gtest/gtest.h /usr/include/benchmark/benchmark.h:
-	tools/install_system_deps.sh
+# configure(OPTION=VALUE...): (re)configure when the build folder is new or an
+# option differs from its cache. Tests and benchmarks stay off until asked for.
+define configure
+	@mkdir -p $(BUILD)
+	@if [ ! -f $(BUILD)/build.ninja ] $(foreach o,$(1),|| ! grep -q '^$(firstword $(subst =, ,$(o))):BOOL=$(lastword $(subst =, ,$(o)))$$' $(BUILD)/CMakeCache.txt); then \
+	  echo "cmake -S . -B $(BUILD) $(foreach o,$(1),-D$(o))"; \
+	  cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_BUILD_TYPE=Release $(foreach o,$(1),-D$(o)); \
+	fi
+endef
 
-$(BUILD)/build.ninja: CMakeLists.txt | setup
-	cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=Release
+# The lock lives in the build folder: two makes in one checkout wait for each
+# other, and nothing outside the checkout is touched.
+define compile
+	flock $(BUILD)/.build.lock cmake --build $(BUILD) -j $(JOBS) $(1)
+endef
 
-build: $(BUILD)/build.ninja
-	flock /tmp/aliasguard-build.lock cmake --build $(BUILD) -j $(JOBS)
+build: setup
+	$(call configure,)
+	$(call compile,)
 
 demo: build
 	$(PY) -m aliasguard
 
-test-cpp: build
+test-cpp: setup
+	tools/check_system_deps.sh test
+	$(call configure,ALIASGUARD_BUILD_TESTS=ON)
+	$(call compile,)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-python: build
 	$(PY) -m pytest test/python
 
-test: test-cpp test-python
+# clang-format (.clang-format) on the C++, ruff on all Python, mypy over the
+# typed package (pyproject.toml); a few seconds, no build needed.
+LINT_CXX = $(shell find c10 aten torch test/cpp bench -name '*.cpp' -o -name '*.h')
+lint: setup
+	tools/check_system_deps.sh lint
+	@echo "clang-format --dry-run --Werror ($(words $(LINT_CXX)) C++ files)"
+	@clang-format --dry-run --Werror $(LINT_CXX)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
-bench: build
+test: lint test-cpp test-python
+
+bench: setup
+	tools/check_system_deps.sh bench
+	$(call configure,ALIASGUARD_BUILD_BENCH=ON)
+	$(call compile,)
 	$(PY) bench/run_benchmarks.py
 
+# The whole suite against another torch, e.g. `make test-torch TORCH=2.14.1`:
+# its own venv (.venv-torch-$(TORCH)) and its own build folder
+# (build-torch-$(TORCH)), which holds a mirror of this working tree (tracked
+# and untracked, not ignored files), because the build puts its libraries into
+# the package folder and the default build's must stay untouched. The mirror
+# keeps modification times, so a rerun rebuilds only what changed.
+TORCH ?=
+MATRIX := build-torch-$(TORCH)
+test-torch:
+	@if [ -z "$(TORCH)" ]; then echo "usage: make test-torch TORCH=<torch version, e.g. 2.14.1>" >&2; exit 2; fi
+	tools/mirror_worktree.sh $(MATRIX)/src
+	env -u PYTHONPATH $(MAKE) -C $(MATRIX)/src test VENV=$(CURDIR)/.venv-torch-$(TORCH) \
+	  TORCH_REQUIREMENT="torch==$(TORCH) -r requirements-test.txt"
+
 clean:
-	rm -rf $(BUILD) aliasguard/*.so
+	rm -rf $(BUILD) aliasguard/*.so aliasguard/_build_info.py

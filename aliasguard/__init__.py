@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from aliasguard import _C
-from aliasguard._views import mark_as_view, shares_version_counter, track_views
+from aliasguard._loader import load_extension
+
+# Checks the build first. See Note [Refuse a build for another torch].
+_C = load_extension()
+from aliasguard import _torch_internals  # noqa: E402,F401  (its self-test runs on import)
+
+from aliasguard._views import mark_as_view, shares_version_counter, track_views  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -10,12 +10,13 @@ non-zero if any fixed case fails.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard
+from aliasguard import _torch_internals
+from aliasguard._torch_internals import TorchDispatchMode
 
 SaveFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -42,7 +43,7 @@ def _mutation_seen(save: SaveFn) -> tuple[int, int, bool]:
     saved: list[torch.Tensor] = []
 
     class SaveMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             if func is torch.ops.aten.sin.default:
                 saved.append(save(out))
@@ -59,7 +60,7 @@ def _mutation_seen(save: SaveFn) -> tuple[int, int, bool]:
 
 def _active_features() -> list[str]:
     features = []
-    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::detach", "CPU"):
+    if _torch_internals.has_kernel_for_dispatch_key("aten::detach", "CPU"):
         features.append("detach keeps the version counter below autograd (F1)")
     if getattr(torch, "mark_as_view", None) is aliasguard.mark_as_view:
         features.append("torch.mark_as_view (F3)")

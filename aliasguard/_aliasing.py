@@ -31,9 +31,13 @@ import warnings
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from aliasguard import _C
+from aliasguard._torch_internals import (
+    TorchDispatchMode,
+    disabled_torch_dispatch_impl,
+    is_tracing_infrastructure,
+)
 
 __all__ = [
     "AliasingError",
@@ -56,27 +60,6 @@ _OPT_OUT_ATTRIBUTE = "__aliasguard_fixup__"
 # Our wrappers' attribute holding the wrapped function; marks our hooks too.
 _WRAPPED_MARK = "__aliasguard_wrapped__"
 _HOOK_MARK = "__aliasguard_hook__"
-
-# Tracing infrastructure implements aliasing on its own terms (fake tensors
-# keep meta storage behind a fake device, functionalization removes aliasing,
-# proxy tracing records ops), and torch.compile depends on its exact outputs:
-# e.g. FakeTensorMode answers aten::lift_fresh of a real tensor with a fake
-# one, which must not be given the real tensor's storage.
-_INFRASTRUCTURE_MODULE_PREFIXES = (
-    "torch._subclasses.",
-    "torch._functorch.",
-    "torch._dynamo.",
-    "torch._inductor.",
-    "torch._export.",
-    "torch.export.",
-    "torch._higher_order_ops.",
-    "torch._prims",
-    "torch.fx.",
-)
-# Selective checkpointing's recompute mode answers ops, views included, with
-# tensors cached in the forward pass: by design they alias the forward's
-# inputs, not the recomputed ones.
-_INFRASTRUCTURE_CLASSES = frozenset({"torch.utils.checkpoint._CachedTorchDispatchMode"})
 
 _WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__")
 
@@ -155,7 +138,7 @@ def _wrap_bound(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrapper for a dispatch called with its owner (cls or self) first.
 
     A C callable that binds like a function (see Note [The corrected
-    __torch_dispatch__ wrapper] in python_alias_correction.cpp).
+    __torch_dispatch__ wrapper] in python_corrected_dispatch.cpp).
     """
     wrapper = _C._CorrectedDispatch(fn)
     functools.update_wrapper(wrapper, fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
@@ -169,16 +152,11 @@ def _wrap_static(fn: Callable[..., Any], owner: type) -> Callable[..., Any]:
     return wrapper
 
 
-def _is_infrastructure(cls: type) -> bool:
-    module = getattr(cls, "__module__", "") or ""
-    return module.startswith(_INFRASTRUCTURE_MODULE_PREFIXES) or f"{module}.{cls.__qualname__}" in _INFRASTRUCTURE_CLASSES
-
-
 def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
     """The replacement for ``cls.__dict__['__torch_dispatch__']``, or None to keep it."""
     if isinstance(raw, (classmethod, staticmethod)):
         fn = raw.__func__
-        if hasattr(fn, _WRAPPED_MARK) or fn is torch._C._disabled_torch_dispatch_impl:
+        if hasattr(fn, _WRAPPED_MARK) or fn is disabled_torch_dispatch_impl:
             return None
         if isinstance(raw, classmethod):
             return classmethod(_wrap_bound(fn))
@@ -187,7 +165,7 @@ def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
         return None
     if isinstance(raw, types.FunctionType):
         return None if hasattr(raw, _WRAPPED_MARK) else _wrap_bound(raw)
-    if raw is not torch._C._disabled_torch_dispatch_impl:
+    if raw is not disabled_torch_dispatch_impl:
         warnings.warn(
             f"aliasguard: {cls.__module__}.{cls.__qualname__}.__torch_dispatch__ is a "
             f"{type(raw).__name__}, not a function, classmethod or staticmethod; its "
@@ -200,7 +178,7 @@ def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
 def _install_on(cls: type) -> bool:
     """Wrap the ``__torch_dispatch__`` defined by ``cls`` itself; True if wrapped."""
     raw = cls.__dict__.get("__torch_dispatch__")
-    if raw is None or _is_infrastructure(cls):
+    if raw is None or is_tracing_infrastructure(cls):
         return False
     replacement = _corrected_descriptor(cls, raw)
     if replacement is None:
@@ -213,6 +191,7 @@ def _subclasses(root: type) -> Iterator[type]:
     seen: set[type] = set()
     pending = [root]
     while pending:
+        sub: type
         for sub in type.__subclasses__(pending.pop()):
             if sub not in seen:
                 seen.add(sub)
@@ -223,7 +202,7 @@ def _subclasses(root: type) -> Iterator[type]:
 def _hook_init_subclass(base: type) -> None:
     """Make ``base.__init_subclass__`` install the correction on new subclasses."""
     current = base.__dict__.get("__init_subclass__")
-    if getattr(current, "__func__", None) is not None and hasattr(current.__func__, _HOOK_MARK):
+    if hasattr(getattr(current, "__func__", None), _HOOK_MARK):
         return
     if current is not None:
         previous = current.__func__ if isinstance(current, classmethod) else current
@@ -234,7 +213,7 @@ def _hook_init_subclass(base: type) -> None:
     else:
 
         def call_previous(cls: type, **kwargs: Any) -> None:
-            super(base, cls).__init_subclass__(**kwargs)
+            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
 
     def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807
         call_previous(cls, **kwargs)

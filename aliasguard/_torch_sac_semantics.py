@@ -19,6 +19,8 @@ import torch
 import torch.utils.checkpoint as _torch_checkpoint
 from torch.utils.checkpoint import CheckpointPolicy
 
+from aliasguard import _torch_internals as _internals
+
 __all__ = [
     "TorchCachingMode",
     "TorchCachedMode",
@@ -32,8 +34,8 @@ __all__ = [
 # torch's own SAC modes. Our modes derive from them so that torch's
 # checkpoint() hands them the options it hands its own (it sets
 # ``respect_saved_tensors_hooks`` on an instance of its caching mode).
-TorchCachingMode: type = _torch_checkpoint._CachingTorchDispatchMode
-TorchCachedMode: type = _torch_checkpoint._CachedTorchDispatchMode
+TorchCachingMode: type = _internals.sac_caching_mode_type()
+TorchCachedMode: type = _internals.sac_cached_mode_type()
 
 Hooks = Tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
 
@@ -50,20 +52,12 @@ def current_user_saved_tensors_hooks() -> Optional[Hooks]:
     None when there is none, or when the running torch has no notion of
     routing SAC's cache through them.
     """
-    finder = getattr(_torch_checkpoint, "_current_user_saved_tensors_hooks", None)
-    return None if finder is None else finder()
+    return _internals.current_user_saved_tensors_hooks()
 
 
 def has_ordered_effects(op: Any) -> bool:
     """Whether ``op`` has an ordered side effect registered (e.g. ``aten._print``)."""
-    try:
-        from torch._higher_order_ops.effects import has_effects
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return False
-    try:
-        return bool(has_effects(op))
-    except Exception:  # an op torch's registry cannot name
-        return False
+    return _internals.has_ordered_effects(op)
 
 
 _NON_SAVING_POLICIES = (
@@ -84,7 +78,7 @@ def _torch_sac_replays_effect(policy: CheckpointPolicy) -> bool:
     op = torch.ops.aten._linalg_check_errors.default
     calls = 0
 
-    class CountCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    class CountCalls(_internals.TorchDispatchMode):
         __aliasguard_fixup__ = False
 
         def __torch_dispatch__(
@@ -126,4 +120,4 @@ def is_tracing_for_compile() -> bool:
     tracing its caching mode tags each traced node with the policy, and the
     partitioner, not a runtime cache, decides what is saved.
     """
-    return bool(_torch_checkpoint._is_compiling(None, (), {}))
+    return _internals.is_aot_tracing()

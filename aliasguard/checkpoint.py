@@ -87,12 +87,17 @@ from typing import (
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from aliasguard import _C
 from aliasguard import _torch_sac_semantics as _semantics
+from aliasguard._torch_internals import (
+    TorchDispatchMode,
+    checkpoint_error_type,
+    sac_ignored_ops,
+    top_saved_tensors_hooks,
+)
 
 
 __all__ = [
@@ -242,7 +247,7 @@ def _raise_recompute_mutation(
 
 
 def _raise_missing(func: Any, calls: int, forward_calls: int) -> NoReturn:
-    raise _torch_checkpoint.CheckpointError(
+    raise checkpoint_error_type()(
         f"aliasguard.checkpoint: the recompute ran {_op_name(func)} "
         f"{calls} time(s), the forward pass {forward_calls}. The checkpointed "
         "function must run the same ops in the recompute; it may depend on "
@@ -288,7 +293,7 @@ def _user_hooks_of(mode: "_CachingMode") -> Optional[_semantics.Hooks]:
 
 _C._sac_configure(
     {
-        "ignored_ops": frozenset(_torch_checkpoint.SAC_IGNORED_OPS),
+        "ignored_ops": sac_ignored_ops(),
         "op_overload_type": OpOverload,
         "has_effects": _semantics.has_ordered_effects,
         "unsafe_view": torch.ops.aten._unsafe_view.default,
@@ -305,7 +310,7 @@ _C._sac_configure(
         "detach_tree": _detach_tree,
         "pack_value": _pack_value,
         "unpack_value": _unpack_value,
-        "top_hooks": functools.partial(torch._C._autograd._top_saved_tensors_default_hooks, False),
+        "top_hooks": top_saved_tensors_hooks,
         "user_hooks": _user_hooks_of,
         "library_prefixes": list(_LIBRARY_DIRS),
     }

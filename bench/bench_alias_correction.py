@@ -176,12 +176,13 @@ def correction_alone(rounds: int) -> Dict[str, Samples]:
         outputs: List[Iterator[Pair]] = [iter(())]
 
         def body(cls, func, types, args, kwargs):
-            return next(outputs[0])
+            return next(outputs[0])  # noqa: B023 (called within this iteration)
 
         wrapped = _wrap_bound(body)
         calls = {
             "none": lambda func=func, args=args: body(Pair, func, (), args, {}),
-            "aliasguard": lambda func=func, args=args: wrapped(Pair, func, (), args, {}),
+            "aliasguard": lambda func=func, args=args: wrapped(  # noqa: B023
+                Pair, func, (), args, {}),
             "upstream": lambda func=func, args=args: return_and_correct_aliasing(
                 func, args, {}, body(Pair, func, (), args, {})
             ),
@@ -248,7 +249,10 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {rounds} interleaved rounds; medians of per-call thread CPU time,")
     print("added = median over rounds of the paired difference to no correction\n")
-    print("| measurement | no correction | aliasguard (added) | upstream helper (added) | upstream added / aliasguard added |")
+    print(
+        "| measurement | no correction | aliasguard (added) | upstream helper (added) "
+        "| upstream added / aliasguard added |"
+    )
     print("|---|---|---|---|---|")
     rows = [("per op, wrapper subclass", e2e, "aliasguard"), ("correction alone", alone, "aliasguard")]
     rows.append(("explicit `correct_aliasing` in place of upstream's", alone, "explicit"))

@@ -129,7 +129,10 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
 
 
 class StorageTracker(TorchDispatchMode):
-    """Remembers every storage an op returns; reports the bytes still alive."""
+    """Remembers every storage an op returns; reports the bytes still alive.
+
+    Not aliasguard.testing's: the stock workers must not import aliasguard.
+    """
 
     __aliasguard_fixup__ = False  # read only when aliasguard is imported
 

@@ -24,7 +24,8 @@ BENCHMARK(BM_DetachStock);
 void BM_DetachAliasguard(benchmark::State& state) {
   at::Tensor t = at::ones({4, 4});
   for (auto _ : state) {
-    benchmark::DoNotOptimize(at::native::detach_keep_version_counter(t));
+    benchmark::DoNotOptimize(
+        aliasguard::native::detach_keep_version_counter(t));
   }
 }
 BENCHMARK(BM_DetachAliasguard);
@@ -40,7 +41,12 @@ void BM_ViewBookkeepingStock(benchmark::State& state) {
   at::Tensor base = at::ones({4, 4}).set_requires_grad(true);
   for (auto _ : state) {
     benchmark::DoNotOptimize(torch::autograd::as_view(
-        base, fresh_alias(base), true, true, nullptr, nullptr,
+        base,
+        fresh_alias(base),
+        true,
+        true,
+        nullptr,
+        nullptr,
         torch::autograd::CreationMeta::DEFAULT));
   }
 }
@@ -50,7 +56,7 @@ void BM_ViewBookkeepingMarkAsView(benchmark::State& state) {
   at::Tensor base = at::ones({4, 4}).set_requires_grad(true);
   for (auto _ : state) {
     at::Tensor alias = fresh_alias(base);
-    benchmark::DoNotOptimize(torch::autograd::mark_as_view(alias, base));
+    benchmark::DoNotOptimize(aliasguard::autograd::mark_as_view(alias, base));
   }
 }
 BENCHMARK(BM_ViewBookkeepingMarkAsView);

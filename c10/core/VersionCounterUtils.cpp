@@ -1,17 +1,21 @@
 #include <c10/core/VersionCounterUtils.h>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/utils/torch_internals.h>
 
-namespace c10 {
+namespace aliasguard {
 
-bool shares_version_counter(const TensorImpl& a, const TensorImpl& b) {
+bool shares_version_counter(
+    const c10::TensorImpl& a,
+    const c10::TensorImpl& b) {
   // See Note [Version counter identity]
-  const void* identity = version_counter_identity(a.version_counter());
+  const void* identity =
+      internals::version_counter_identity(a.version_counter());
   return identity != nullptr &&
-      identity == version_counter_identity(b.version_counter());
+      identity == internals::version_counter_identity(b.version_counter());
 }
 
-void share_version_counter(TensorImpl& dst, const TensorImpl& src) {
+void share_version_counter(c10::TensorImpl& dst, const c10::TensorImpl& src) {
   TORCH_CHECK(
       has_version_counter(src),
       "share_version_counter: the source is an inference tensor and has no "
@@ -23,4 +27,4 @@ void share_version_counter(TensorImpl& dst, const TensorImpl& src) {
   dst.set_version_counter(src.version_counter());
 }
 
-} // namespace c10
+} // namespace aliasguard

@@ -4,9 +4,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/VersionCounterUtils.h>
 #include <torch/csrc/autograd/mark_as_view.h>
+#include <torch/csrc/autograd/storage_alias.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
+#include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/alias_correction.h>
 #include <torch/library.h>
+
+#include "wrapper_tensor.h"
 
 #include <stdexcept>
 #include <string>
@@ -14,30 +18,11 @@
 
 namespace {
 
-using torch::utils::AliasingError;
-using torch::utils::correct_aliasing;
-using torch::utils::SchemaAliasAnalysis;
+using aliasguard::utils::AliasingError;
+using aliasguard::utils::correct_aliasing;
+using aliasguard::utils::SchemaAliasAnalysis;
 
-// A tensor shaped like what _make_wrapper_subclass builds: Python dispatch
-// keys and a placeholder storage without data.
-at::Tensor make_wrapper(
-    at::IntArrayRef sizes,
-    c10::Device device = c10::Device(c10::kCPU)) {
-  const int64_t numel = c10::multiply_integers(sizes);
-  c10::Storage storage(
-      c10::Storage::use_byte_size_t(),
-      numel * static_cast<int64_t>(sizeof(float)),
-      c10::DataPtr(nullptr, device),
-      /*allocator=*/nullptr,
-      /*resizable=*/false);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(storage),
-      c10::DispatchKeySet(c10::DispatchKey::CPU),
-      caffe2::TypeMeta::Make<float>());
-  impl->set_python_dispatch(true); // as _make_wrapper_subclass does
-  impl->set_sizes_contiguous(sizes);
-  return at::Tensor(std::move(impl));
-}
+using aliasguard::testing::make_wrapper;
 
 // A view made below autograd, the way code in __torch_dispatch__ makes one:
 // same storage, fresh version counter.
@@ -47,7 +32,7 @@ at::Tensor view_below_autograd(const at::Tensor& base, at::IntArrayRef sizes) {
 }
 
 bool shares_counter(const at::Tensor& a, const at::Tensor& b) {
-  return c10::shares_version_counter(
+  return aliasguard::shares_version_counter(
       *a.unsafeGetTensorImpl(), *b.unsafeGetTensorImpl());
 }
 
@@ -56,8 +41,12 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
       b.unsafeGetTensorImpl()->unsafe_storage());
 }
 
-const c10::FunctionSchema& schema_of(const char* name, const char* overload = "") {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).schema();
+const c10::FunctionSchema& schema_of(
+    const char* name,
+    const char* overload = "") {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow(name, overload)
+      .schema();
 }
 
 // Runs `body`, expects AliasingError, returns it for inspection.
@@ -91,10 +80,13 @@ TEST(AliasCorrection, WrapperViewOfRealTensorTakesRealStorage) {
   at::Tensor input = at::arange(6, at::kFloat);
   at::Tensor output = make_wrapper({2, 3});
   torch::jit::Stack rets{output};
-  correct_aliasing(schema_of("aten::view"), {input, c10::IValue(std::vector<int64_t>{2, 3})}, rets);
+  correct_aliasing(
+      schema_of("aten::view"),
+      {input, c10::IValue(std::vector<int64_t>{2, 3})},
+      rets);
   EXPECT_TRUE(same_storage(input, output));
   EXPECT_TRUE(shares_counter(input, output));
-  EXPECT_FALSE(torch::autograd::has_placeholder_storage(output));
+  EXPECT_FALSE(aliasguard::autograd::has_placeholder_storage(output));
   EXPECT_EQ(output.sizes(), at::IntArrayRef({2, 3}));
 }
 
@@ -103,7 +95,10 @@ TEST(AliasCorrection, RealViewBelowAutogradGetsInputCounter) {
   at::Tensor output = view_below_autograd(input, {2, 2});
   ASSERT_FALSE(shares_counter(input, output));
   torch::jit::Stack rets{output};
-  correct_aliasing(schema_of("aten::view"), {input, c10::IValue(std::vector<int64_t>{2, 2})}, rets);
+  correct_aliasing(
+      schema_of("aten::view"),
+      {input, c10::IValue(std::vector<int64_t>{2, 2})},
+      rets);
   EXPECT_TRUE(shares_counter(input, output));
   const auto before = output._version();
   input.add_(1);
@@ -113,10 +108,14 @@ TEST(AliasCorrection, RealViewBelowAutogradGetsInputCounter) {
 TEST(AliasCorrection, CopyAnsweringViewIsRefusedAndNothingChanges) {
   at::Tensor input = at::ones({4});
   at::Tensor copy = input.clone().view({2, 2});
-  const auto* storage_before = copy.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  const auto* storage_before =
+      copy.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   torch::jit::Stack rets{copy};
   const AliasingError error = expect_aliasing_error([&] {
-    correct_aliasing(schema_of("aten::view"), {input, c10::IValue(std::vector<int64_t>{2, 2})}, rets);
+    correct_aliasing(
+        schema_of("aten::view"),
+        {input, c10::IValue(std::vector<int64_t>{2, 2})},
+        rets);
   });
   EXPECT_EQ(error.op(), "aten::view");
   EXPECT_EQ(error.return_index(), 0u);
@@ -125,19 +124,22 @@ TEST(AliasCorrection, CopyAnsweringViewIsRefusedAndNothingChanges) {
   EXPECT_NE(message.find("aten::view: return 0"), std::string::npos) << message;
   EXPECT_NE(message.find("'self'"), std::string::npos) << message;
   EXPECT_FALSE(shares_counter(input, copy));
-  EXPECT_EQ(copy.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), storage_before);
+  EXPECT_EQ(
+      copy.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(),
+      storage_before);
 }
 
 TEST(AliasCorrection, ErrorInLaterReturnLeavesEarlierReturnsUnchanged) {
-  SchemaAliasAnalysis analysis(
-      torch::jit::parseSchema("t::f(Tensor(a) x, Tensor(b) y) -> (Tensor(a), Tensor(b))"));
+  SchemaAliasAnalysis analysis(torch::jit::parseSchema(
+      "t::f(Tensor(a) x, Tensor(b) y) -> (Tensor(a), Tensor(b))"));
   at::Tensor x = make_wrapper({2});
   at::Tensor fixable = make_wrapper({2});
   at::Tensor y = at::ones({2});
   at::Tensor copy = at::ones({2});
   torch::jit::Stack rets{fixable, copy};
-  const AliasingError error = expect_aliasing_error(
-      [&] { correct_aliasing(analysis, {x, y}, rets); });
+  const AliasingError error = expect_aliasing_error([&] {
+    correct_aliasing(analysis, {x, y}, rets);
+  });
   EXPECT_EQ(error.return_index(), 1u);
   EXPECT_EQ(error.argument(), "y");
   EXPECT_FALSE(same_storage(x, fixable));
@@ -163,7 +165,9 @@ TEST(AliasCorrection, ListViewWithACopyIsRefusedNamingTheElement) {
   const AliasingError error = expect_aliasing_error([&] {
     correct_aliasing(schema_of("aten::unbind", "int"), {input, 0}, rets);
   });
-  EXPECT_NE(std::string(error.what_without_backtrace()).find("list element 1"), std::string::npos);
+  EXPECT_NE(
+      std::string(error.what_without_backtrace()).find("list element 1"),
+      std::string::npos);
   EXPECT_FALSE(shares_counter(input, pieces[0])); // planned, never applied
 }
 
@@ -171,7 +175,8 @@ TEST(AliasCorrection, InPlaceReturnIsReplacedByItsArgument) {
   at::Tensor self = make_wrapper({3});
   at::Tensor returned = make_wrapper({3});
   torch::jit::Stack rets{returned};
-  correct_aliasing(schema_of("aten::add_", "Tensor"), {self, at::ones({3}), 1}, rets);
+  correct_aliasing(
+      schema_of("aten::add_", "Tensor"), {self, at::ones({3}), 1}, rets);
   EXPECT_TRUE(rets[0].toTensor().is_same(self));
 }
 
@@ -214,7 +219,8 @@ TEST(AliasCorrection, ReturningAnotherArgumentIsRefused) {
   expect_aliasing_error([&] {
     correct_aliasing(schema_of("aten::view_as"), {a, other}, view_rets);
   });
-  EXPECT_TRUE(other.unsafeGetTensorImpl()->unsafe_storage().is_alias_of(storage_before));
+  EXPECT_TRUE(other.unsafeGetTensorImpl()->unsafe_storage().is_alias_of(
+      storage_before));
 }
 
 TEST(AliasCorrection, MissingWriteReturnIsRefused) {
@@ -225,9 +231,12 @@ TEST(AliasCorrection, MissingWriteReturnIsRefused) {
   });
   torch::jit::Stack wrong_kind{c10::IValue(3)};
   const AliasingError error = expect_aliasing_error([&] {
-    correct_aliasing(schema_of("aten::add_", "Tensor"), {self, self, 1}, wrong_kind);
+    correct_aliasing(
+        schema_of("aten::add_", "Tensor"), {self, self, 1}, wrong_kind);
   });
-  EXPECT_NE(std::string(error.what_without_backtrace()).find("a int"), std::string::npos);
+  EXPECT_NE(
+      std::string(error.what_without_backtrace()).find("a int"),
+      std::string::npos);
 }
 
 TEST(AliasCorrection, InPlaceViewOpUpdatesWrapperArgumentMetadata) {
@@ -246,17 +255,19 @@ TEST(AliasCorrection, RealArgumentLeftWithStaleMetadataIsRefused) {
   at::Tensor self = at::ones({2, 3});
   at::Tensor transposed = view_below_autograd(self, {3, 2});
   torch::jit::Stack rets{transposed};
-  expect_aliasing_error([&] { correct_aliasing(schema_of("aten::t_"), {self}, rets); });
+  expect_aliasing_error(
+      [&] { correct_aliasing(schema_of("aten::t_"), {self}, rets); });
   EXPECT_EQ(self.sizes(), at::IntArrayRef({2, 3}));
 }
 
 TEST(AliasCorrection, WrittenListIsReturnedElementwise) {
-  SchemaAliasAnalysis analysis(
-      torch::jit::parseSchema("t::f(Tensor[](a!) inputs, str op) -> Tensor[](a!)"));
+  SchemaAliasAnalysis analysis(torch::jit::parseSchema(
+      "t::f(Tensor[](a!) inputs, str op) -> Tensor[](a!)"));
   std::vector<at::Tensor> inputs{make_wrapper({2}), make_wrapper({3})};
   std::vector<at::Tensor> outputs{make_wrapper({2}), make_wrapper({3})};
   const std::vector<c10::IValue> args{
-      c10::IValue(c10::List<at::Tensor>(inputs)), c10::IValue(std::string("sum"))};
+      c10::IValue(c10::List<at::Tensor>(inputs)),
+      c10::IValue(std::string("sum"))};
   torch::jit::Stack rets{c10::List<at::Tensor>(outputs)};
   correct_aliasing(analysis, args, rets);
   const auto returned = rets[0].toTensorList();
@@ -265,9 +276,7 @@ TEST(AliasCorrection, WrittenListIsReturnedElementwise) {
   EXPECT_TRUE(returned.get(1).is_same(inputs[1]));
 
   torch::jit::Stack short_rets{c10::List<at::Tensor>({make_wrapper({2})})};
-  expect_aliasing_error([&] {
-    correct_aliasing(analysis, args, short_rets);
-  });
+  expect_aliasing_error([&] { correct_aliasing(analysis, args, short_rets); });
 }
 
 TEST(AliasCorrection, PlaceholderOnAnotherDeviceIsRefused) {
@@ -276,7 +285,33 @@ TEST(AliasCorrection, PlaceholderOnAnotherDeviceIsRefused) {
   torch::jit::Stack rets{output};
   const AliasingError error = expect_aliasing_error(
       [&] { correct_aliasing(schema_of("aten::alias"), {input}, rets); });
-  EXPECT_NE(std::string(error.what_without_backtrace()).find("meta"), std::string::npos);
+  EXPECT_NE(
+      std::string(error.what_without_backtrace()).find("meta"),
+      std::string::npos);
+}
+
+TEST(AliasCorrection, WrapperViewBeyondItsInputIsRefusedUnchanged) {
+  // issue 8, segfault 3: a (1 << 24,) wrapper for a view of 4 floats.
+  at::Tensor input = at::ones({4});
+  at::Tensor output = make_wrapper({int64_t{1} << 24});
+  const c10::StorageImpl* storage_before =
+      output.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  torch::jit::Stack rets{output};
+  const AliasingError error = expect_aliasing_error([&] {
+    correct_aliasing(
+        schema_of("aten::view"),
+        {input, c10::IValue(std::vector<int64_t>{int64_t{1} << 24})},
+        rets);
+  });
+  EXPECT_NE(
+      std::string(error.what_without_backtrace())
+          .find("need 67108864 bytes of storage but the storage of argument "
+                "'self' has 16"),
+      std::string::npos)
+      << error.what_without_backtrace();
+  EXPECT_EQ(
+      output.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(),
+      storage_before);
 }
 
 TEST(AliasCorrection, InferenceTensorsKeepTheirCounters) {
@@ -284,7 +319,10 @@ TEST(AliasCorrection, InferenceTensorsKeepTheirCounters) {
   at::Tensor input = at::ones({4});
   at::Tensor output = view_below_autograd(input, {2, 2});
   torch::jit::Stack rets{output};
-  correct_aliasing(schema_of("aten::view"), {input, c10::IValue(std::vector<int64_t>{2, 2})}, rets);
+  correct_aliasing(
+      schema_of("aten::view"),
+      {input, c10::IValue(std::vector<int64_t>{2, 2})},
+      rets);
   EXPECT_TRUE(rets[0].toTensor().is_same(output));
 }
 
@@ -305,7 +343,10 @@ TEST(AliasCorrection, WrongArityIsAPlainError) {
   } catch (const AliasingError&) {
     ADD_FAILURE() << "arity is a usage error, not an aliasing one";
   } catch (const c10::Error& error) {
-    EXPECT_NE(std::string(error.what_without_backtrace()).find("expected 2 arguments"), std::string::npos);
+    EXPECT_NE(
+        std::string(error.what_without_backtrace())
+            .find("expected 2 arguments"),
+        std::string::npos);
   }
 }
 
@@ -320,21 +361,39 @@ TEST(AliasAudit, FreshOutputSharingMemoryIsReported) {
   at::Tensor b = at::ones({4});
   const auto add = analysis_of("aten::add", "Tensor");
   const AliasingError error = expect_aliasing_error([&] {
-    torch::utils::audit_aliasing(add, {a, b, 1}, {view_below_autograd(b, {4})}, true);
+    aliasguard::utils::audit_aliasing(
+        add, {a, b, 1}, {view_below_autograd(b, {4})}, true);
   });
   EXPECT_EQ(error.argument(), "other");
   expect_aliasing_error([&] {
-    torch::utils::audit_aliasing(add, {a, b, 1}, {a}, true);
+    aliasguard::utils::audit_aliasing(add, {a, b, 1}, {a}, true);
   });
-  torch::utils::audit_aliasing(add, {a, b, 1}, {at::ones({4})}, true);
+  aliasguard::utils::audit_aliasing(add, {a, b, 1}, {at::ones({4})}, true);
+}
+
+TEST(AliasAudit, ViewBeyondItsStorageIsReported) {
+  // See Note [May a tensor alias a storage]: the audit asks the same check.
+  at::Tensor a = at::ones({4});
+  at::Tensor view = view_below_autograd(a, {4});
+  const auto analysis = analysis_of("aten::alias");
+  aliasguard::utils::audit_aliasing(analysis, {a}, {view}, false);
+  view.unsafeGetTensorImpl()->set_sizes_contiguous({8});
+  const AliasingError error = expect_aliasing_error(
+      [&] { aliasguard::utils::audit_aliasing(analysis, {a}, {view}, false); });
+  EXPECT_NE(
+      std::string(error.what_without_backtrace())
+          .find("is not a valid view: the sizes, strides and storage offset "
+                "of the returned view need 32 bytes"),
+      std::string::npos)
+      << error.what_without_backtrace();
 }
 
 TEST(AliasAudit, EmptyOutputsAndUnsafeViewAreExempt) {
   at::Tensor empty = at::ones({0});
-  torch::utils::audit_aliasing(
+  aliasguard::utils::audit_aliasing(
       analysis_of("aten::clone"), {empty, c10::IValue()}, {empty}, true);
   at::Tensor a = at::ones({4});
-  torch::utils::audit_aliasing(
+  aliasguard::utils::audit_aliasing(
       analysis_of("aten::_unsafe_view"),
       {a, c10::IValue(std::vector<int64_t>{2, 2})},
       {view_below_autograd(a, {2, 2})},
@@ -346,28 +405,32 @@ TEST(AliasAudit, ViewWithOwnCounterReportedOnlyWhenCountersMustBeShared) {
   at::Tensor view = view_below_autograd(a, {2, 2});
   const auto analysis = analysis_of("aten::view");
   const c10::IValue size(std::vector<int64_t>{2, 2});
-  torch::utils::audit_aliasing(analysis, {a, size}, {view}, /*views_share_version_counter=*/false);
+  aliasguard::utils::audit_aliasing(
+      analysis, {a, size}, {view}, /*views_share_version_counter=*/false);
   expect_aliasing_error([&] {
-    torch::utils::audit_aliasing(analysis, {a, size}, {view}, true);
+    aliasguard::utils::audit_aliasing(analysis, {a, size}, {view}, true);
   });
   expect_aliasing_error([&] {
-    torch::utils::audit_aliasing(analysis, {a, size}, {a.clone().view({2, 2})}, false);
+    aliasguard::utils::audit_aliasing(
+        analysis, {a, size}, {a.clone().view({2, 2})}, false);
   });
 }
 
 TEST(AliasAudit, WriteMustReturnItsArgument) {
   at::Tensor a = at::ones({4});
   const auto analysis = analysis_of("aten::add_", "Tensor");
-  torch::utils::audit_aliasing(analysis, {a, a, 1}, {a}, true);
+  aliasguard::utils::audit_aliasing(analysis, {a, a, 1}, {a}, true);
   expect_aliasing_error([&] {
-    torch::utils::audit_aliasing(analysis, {a, a, 1}, {view_below_autograd(a, {4})}, true);
+    aliasguard::utils::audit_aliasing(
+        analysis, {a, a, 1}, {view_below_autograd(a, {4})}, true);
   });
 }
 
 TEST(AliasAudit, UnknownReturnsAreNotChecked) {
-  SchemaAliasAnalysis analysis(torch::jit::parseSchema("t::f(Tensor x) -> Tensor(*)"));
+  SchemaAliasAnalysis analysis(
+      torch::jit::parseSchema("t::f(Tensor x) -> Tensor(*)"));
   at::Tensor a = at::ones({2});
-  torch::utils::audit_aliasing(analysis, {a}, {a.clone()}, true);
+  aliasguard::utils::audit_aliasing(analysis, {a}, {a.clone()}, true);
 }
 
 TORCH_LIBRARY(aliasguard_audit_test, m) {
@@ -392,25 +455,25 @@ at::Tensor call_test_op(const char* name, const at::Tensor& self) {
 }
 
 struct AuditGuard {
-  AuditGuard() : previous(torch::utils::set_alias_audit_enabled(true)) {}
+  AuditGuard() : previous(aliasguard::utils::set_alias_audit_enabled(true)) {}
   ~AuditGuard() {
-    torch::utils::set_alias_audit_enabled(previous);
+    aliasguard::utils::set_alias_audit_enabled(previous);
   }
   bool previous;
 };
 
 TEST(AliasAuditFallback, EnablingNestsAndRestores) {
-  EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  EXPECT_FALSE(aliasguard::utils::is_alias_audit_enabled());
   {
     AuditGuard outer;
-    EXPECT_TRUE(torch::utils::is_alias_audit_enabled());
+    EXPECT_TRUE(aliasguard::utils::is_alias_audit_enabled());
     {
       AuditGuard inner;
       EXPECT_TRUE(inner.previous);
     }
-    EXPECT_TRUE(torch::utils::is_alias_audit_enabled());
+    EXPECT_TRUE(aliasguard::utils::is_alias_audit_enabled());
   }
-  EXPECT_FALSE(torch::utils::is_alias_audit_enabled());
+  EXPECT_FALSE(aliasguard::utils::is_alias_audit_enabled());
 }
 
 TEST(AliasAuditFallback, StockOpsPassIncludingBackward) {
@@ -428,14 +491,16 @@ TEST(AliasAuditFallback, StockOpsPassIncludingBackward) {
 
 TEST(AliasAuditFallback, ReportsABrokenKernelOnlyWhenEnabled) {
   at::Tensor x = at::ones({3});
-  EXPECT_TRUE(call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
+  EXPECT_TRUE(
+      call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
   {
     AuditGuard audit;
     const AliasingError error = expect_aliasing_error(
         [&] { call_test_op("aliasguard_audit_test::returns_input", x); });
     EXPECT_EQ(error.op(), "aliasguard_audit_test::returns_input");
     EXPECT_EQ(error.argument(), "self");
-    expect_aliasing_error([&] { call_test_op("aliasguard_audit_test::copying_view", x); });
+    expect_aliasing_error(
+        [&] { call_test_op("aliasguard_audit_test::copying_view", x); });
     call_test_op("aliasguard_audit_test::honest_view", x);
     call_test_op("aliasguard_audit_test::honest_clone", x);
   }
@@ -446,16 +511,20 @@ TEST(AliasAuditFallback, ReportsABrokenKernelOnlyWhenEnabled) {
 }
 
 TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
-  torch::utils::set_alias_audit_error_reporter(&throw_runtime_error);
+  aliasguard::utils::set_alias_audit_error_reporter(&throw_runtime_error);
   AuditGuard audit;
   try {
     call_test_op("aliasguard_audit_test::returns_input", at::ones({2}));
     ADD_FAILURE() << "expected the reporter's exception";
   } catch (const std::runtime_error& error) {
-    EXPECT_EQ(std::string(error.what()), "reported: aliasguard_audit_test::returns_input");
+    EXPECT_EQ(
+        std::string(error.what()),
+        "reported: aliasguard_audit_test::returns_input");
   }
-  torch::utils::set_alias_audit_error_reporter(nullptr);
-  expect_aliasing_error([&] { call_test_op("aliasguard_audit_test::returns_input", at::ones({2})); });
+  aliasguard::utils::set_alias_audit_error_reporter(nullptr);
+  expect_aliasing_error([&] {
+    call_test_op("aliasguard_audit_test::returns_input", at::ones({2}));
+  });
 }
 
 } // namespace

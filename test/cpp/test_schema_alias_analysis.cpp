@@ -14,10 +14,10 @@
 
 namespace {
 
-using torch::utils::ReturnAlias;
-using torch::utils::ReturnAliasKind;
-using torch::utils::SchemaAliasAnalysis;
-using torch::utils::schema_alias_analysis;
+using aliasguard::utils::ReturnAlias;
+using aliasguard::utils::ReturnAliasKind;
+using aliasguard::utils::schema_alias_analysis;
+using aliasguard::utils::SchemaAliasAnalysis;
 
 std::shared_ptr<const SchemaAliasAnalysis> aten(
     const char* name,
@@ -36,7 +36,8 @@ void expect_alias(
     ReturnAliasKind kind,
     std::optional<size_t> argument,
     bool is_list = false) {
-  EXPECT_EQ(alias.kind, kind) << torch::utils::return_alias_kind_name(alias.kind);
+  EXPECT_EQ(alias.kind, kind)
+      << aliasguard::utils::return_alias_kind_name(alias.kind);
   EXPECT_EQ(alias.aliased_argument(), argument);
   EXPECT_EQ(alias.is_list, is_list);
 }
@@ -104,7 +105,8 @@ TEST(SchemaAliasAnalysis, ListReturningViewsAliasSelfElementwise) {
            {"aten::chunk", ""}}) {
     auto analysis = aten(name, overload);
     ASSERT_EQ(analysis->returns().size(), 1u) << name;
-    expect_alias(analysis->returns()[0], ReturnAliasKind::kView, 0, /*is_list=*/true);
+    expect_alias(
+        analysis->returns()[0], ReturnAliasKind::kView, 0, /*is_list=*/true);
   }
 }
 
@@ -124,8 +126,9 @@ TEST(SchemaAliasAnalysis, FreshReturnsHaveNoAlias) {
 }
 
 TEST(SchemaAliasAnalysis, MixedTupleReturns) {
-  auto analysis =
-      parsed("t::f(Tensor(a) x, Tensor y, *, Tensor(b!) out) -> (Tensor(a), Tensor(b!), Tensor)");
+  auto analysis = parsed(
+      "t::f(Tensor(a) x, Tensor y, *, Tensor(b!) out) -> (Tensor(a), "
+      "Tensor(b!), Tensor)");
   ASSERT_EQ(analysis.returns().size(), 3u);
   expect_alias(analysis.returns()[0], ReturnAliasKind::kView, 0);
   expect_alias(analysis.returns()[1], ReturnAliasKind::kWrite, 2);
@@ -142,9 +145,9 @@ TEST(SchemaAliasAnalysis, OptionalViewReturn) {
 }
 
 TEST(SchemaAliasAnalysis, WrittenListReturnedAsIs) {
-  auto analysis =
-      parsed("t::f(Tensor[](a!) inputs, str op) -> Tensor[](a!)");
-  expect_alias(analysis.returns()[0], ReturnAliasKind::kWrite, 0, /*is_list=*/true);
+  auto analysis = parsed("t::f(Tensor[](a!) inputs, str op) -> Tensor[](a!)");
+  expect_alias(
+      analysis.returns()[0], ReturnAliasKind::kWrite, 0, /*is_list=*/true);
 }
 
 TEST(SchemaAliasAnalysis, AmbiguousAnnotationsAreUnknown) {
@@ -159,8 +162,11 @@ TEST(SchemaAliasAnalysis, AmbiguousAnnotationsAreUnknown) {
            "t::f(Tensor(a) x) -> Tensor[](a!)",
        }) {
     auto analysis = parsed(schema);
-    expect_alias(analysis.returns()[0], ReturnAliasKind::kUnknown, std::nullopt,
-                 analysis.returns()[0].is_list);
+    expect_alias(
+        analysis.returns()[0],
+        ReturnAliasKind::kUnknown,
+        std::nullopt,
+        analysis.returns()[0].is_list);
     EXPECT_FALSE(analysis.has_aliasing_returns()) << schema;
   }
 }
@@ -168,7 +174,8 @@ TEST(SchemaAliasAnalysis, AmbiguousAnnotationsAreUnknown) {
 TEST(SchemaAliasAnalysis, ArgumentFlowingIntoWildcardStillNamesItsSet) {
   // split's `Tensor(a -> *) self`: before set a, after set wildcard.
   auto analysis = parsed("t::f(Tensor(a -> *) self) -> Tensor(a)[]");
-  expect_alias(analysis.returns()[0], ReturnAliasKind::kView, 0, /*is_list=*/true);
+  expect_alias(
+      analysis.returns()[0], ReturnAliasKind::kView, 0, /*is_list=*/true);
 }
 
 TEST(SchemaAliasAnalysisCache, SameAnalysisForHandleAndName) {
@@ -181,7 +188,8 @@ TEST(SchemaAliasAnalysisCache, SameAnalysisForHandleAndName) {
 
 TEST(SchemaAliasAnalysisCache, UnknownOperatorIsNull) {
   EXPECT_EQ(
-      schema_alias_analysis(c10::OperatorName("aten::no_such_op", "")), nullptr);
+      schema_alias_analysis(c10::OperatorName("aten::no_such_op", "")),
+      nullptr);
 }
 
 TEST(SchemaAliasAnalysisCache, ConcurrentLookupsAgree) {
@@ -205,20 +213,29 @@ TEST(SchemaAliasAnalysisCache, ConcurrentLookupsAgree) {
 
 TEST(SchemaAliasAnalysisCache, DeregistrationDropsTheEntry) {
   const c10::OperatorName name("aliasguard_cache_test::f", "");
-  const uint64_t generation = torch::utils::schema_alias_analysis_generation();
+  const uint64_t generation =
+      aliasguard::utils::schema_alias_analysis_generation();
   {
     torch::Library library(
-        torch::Library::DEF, "aliasguard_cache_test", std::nullopt, __FILE__, __LINE__);
+        torch::Library::DEF,
+        "aliasguard_cache_test",
+        std::nullopt,
+        __FILE__,
+        __LINE__);
     library.def("f(Tensor(a) x) -> Tensor(a)");
     auto analysis = schema_alias_analysis(name);
     ASSERT_NE(analysis, nullptr);
     EXPECT_EQ(analysis->returns()[0].kind, ReturnAliasKind::kView);
   }
-  EXPECT_GT(torch::utils::schema_alias_analysis_generation(), generation);
+  EXPECT_GT(aliasguard::utils::schema_alias_analysis_generation(), generation);
   EXPECT_EQ(schema_alias_analysis(name), nullptr);
   {
     torch::Library library(
-        torch::Library::DEF, "aliasguard_cache_test", std::nullopt, __FILE__, __LINE__);
+        torch::Library::DEF,
+        "aliasguard_cache_test",
+        std::nullopt,
+        __FILE__,
+        __LINE__);
     library.def("f(Tensor x) -> Tensor");
     auto analysis = schema_alias_analysis(name);
     ASSERT_NE(analysis, nullptr);

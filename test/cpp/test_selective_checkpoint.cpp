@@ -8,7 +8,7 @@
 
 namespace {
 
-using aliasguard::SelectiveCheckpointCache;
+using aliasguard::autograd::SelectiveCheckpointCache;
 using Kind = SelectiveCheckpointCache::SlotKind;
 
 int mm_key;
@@ -100,4 +100,4 @@ TEST(SelectiveCheckpointCache, InferenceTensorsAreNotWatched) {
   EXPECT_FALSE(cache.changed_output(entry).has_value());
 }
 
-}  // namespace
+} // namespace

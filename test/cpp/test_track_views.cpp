@@ -7,15 +7,15 @@
 
 namespace {
 
-using torch::autograd::is_view_tracking_enabled;
-using torch::autograd::TrackViewsGuard;
+using aliasguard::autograd::is_view_tracking_enabled;
+using aliasguard::autograd::TrackViewsGuard;
 
 TEST(TrackViews, BelowAutogradViewsBecomeRealViews) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   at::Tensor base = at::ones({4});
   at::Tensor untracked = base.view({2, 2});
   EXPECT_FALSE(untracked.is_view());
-  EXPECT_FALSE(c10::shares_version_counter(
+  EXPECT_FALSE(aliasguard::shares_version_counter(
       *untracked.unsafeGetTensorImpl(), *base.unsafeGetTensorImpl()));
   {
     TrackViewsGuard track;

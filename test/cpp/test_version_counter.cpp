@@ -8,17 +8,18 @@ namespace {
 TEST(VersionCounterUtils, FreshTensorsDoNotShare) {
   at::Tensor a = at::ones({2});
   at::Tensor b = at::ones({2});
-  EXPECT_FALSE(c10::shares_version_counter(
+  EXPECT_FALSE(aliasguard::shares_version_counter(
       *a.unsafeGetTensorImpl(), *b.unsafeGetTensorImpl()));
-  EXPECT_TRUE(c10::shares_version_counter(
+  EXPECT_TRUE(aliasguard::shares_version_counter(
       *a.unsafeGetTensorImpl(), *a.unsafeGetTensorImpl()));
 }
 
 TEST(VersionCounterUtils, ShareThenBumpIsSeenByBoth) {
   at::Tensor a = at::ones({2});
   at::Tensor b = at::ones({2});
-  c10::share_version_counter(*b.unsafeGetTensorImpl(), *a.unsafeGetTensorImpl());
-  EXPECT_TRUE(c10::shares_version_counter(
+  aliasguard::share_version_counter(
+      *b.unsafeGetTensorImpl(), *a.unsafeGetTensorImpl());
+  EXPECT_TRUE(aliasguard::shares_version_counter(
       *a.unsafeGetTensorImpl(), *b.unsafeGetTensorImpl()));
   const auto v = a._version();
   b.add_(1);
@@ -32,18 +33,33 @@ TEST(VersionCounterUtils, InferenceTensorsShareNothing) {
     inference = at::ones({2});
   }
   at::Tensor normal = at::ones({2});
-  EXPECT_FALSE(c10::shares_version_counter(
+  EXPECT_FALSE(aliasguard::shares_version_counter(
       *inference.unsafeGetTensorImpl(), *inference.unsafeGetTensorImpl()));
   EXPECT_THROW(
-      c10::share_version_counter(
+      aliasguard::share_version_counter(
           *normal.unsafeGetTensorImpl(), *inference.unsafeGetTensorImpl()),
       c10::Error);
   EXPECT_THROW(
-      c10::share_version_counter(
+      aliasguard::share_version_counter(
           *inference.unsafeGetTensorImpl(), *normal.unsafeGetTensorImpl()),
       c10::Error);
-  EXPECT_FALSE(c10::shares_version_counter(
+  EXPECT_FALSE(aliasguard::shares_version_counter(
       *normal.unsafeGetTensorImpl(), *inference.unsafeGetTensorImpl()));
+}
+
+TEST(VersionCounterUtils, SharesNoVersionCounterOnlyWhenBothHaveOne) {
+  at::Tensor a = at::ones({2});
+  at::Tensor b = at::ones({2});
+  EXPECT_TRUE(aliasguard::shares_no_version_counter(a, b));
+  aliasguard::share_version_counter(
+      *b.unsafeGetTensorImpl(), *a.unsafeGetTensorImpl());
+  EXPECT_FALSE(aliasguard::shares_no_version_counter(a, b));
+  at::Tensor inference;
+  {
+    c10::InferenceMode guard;
+    inference = at::ones({2});
+  }
+  EXPECT_FALSE(aliasguard::shares_no_version_counter(a, inference));
 }
 
 } // namespace

@@ -231,7 +231,8 @@ def test_multi_output_out_overload_returns_each_out():
 
 
 def test_write_returns_keep_their_container_type():
-    x, values, indices = pair(2, 3), pair(2), PairTensor(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    x, values = pair(2, 3), pair(2)
+    indices = PairTensor(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))
     kwargs = {"max": values, "max_values": indices}
     fresh = (pair(2), PairTensor(torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)))
     for out in (torch.return_types.max(fresh), list(fresh)):
@@ -794,7 +795,7 @@ def test_audit_reports_views_with_their_own_counter_below_autograd():
 def test_audit_restores_state_and_nests():
     with pytest.raises(ZeroDivisionError):
         with aliasguard.audit():
-            1 / 0
+            1 / 0  # noqa: B018
     assert not _C._is_alias_audit_enabled()
     with aliasguard.audit():
         with aliasguard.audit():

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 import aliasguard
+from aliasguard.testing import StorageTracker
 from aliasguard.checkpoint import (
     CheckpointMutationError,
     checkpoint,
@@ -178,32 +178,6 @@ def test_create_selective_checkpoint_contexts_as_context_fn():
 
 # ---------------------------------------------------------------------------
 # Saved-activation bytes
-
-
-class StorageTracker(TorchDispatchMode):
-    """Remembers every storage created by an op; reports the bytes still alive."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.storages: Dict[int, Tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                known = self.storages.get(storage._cdata)
-                if known is None or known[0].expired():  # addresses get reused
-                    self.storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
-        return out
-
-    def live(self, exclude: Tuple[torch.Tensor, ...] = ()) -> Dict[int, int]:
-        excluded = {t.untyped_storage()._cdata for t in exclude}
-        return {
-            key: nbytes
-            for key, (ref, nbytes) in self.storages.items()
-            if not ref.expired() and key not in excluded
-        }
 
 
 def retained_bytes(run: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...]) -> int:

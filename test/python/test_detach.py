@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard
 from aliasguard import shares_version_counter
+from aliasguard.testing import WrapperTensor
 
 
 class SaveOutputMode(TorchDispatchMode):
@@ -52,22 +53,12 @@ def test_mutating_the_detached_copy_bumps_the_original():
 def test_detach_in_wrapper_subclass_shares_inner_counter():
     captured = {}
 
-    class Wrapper(torch.Tensor):
-        @staticmethod
-        def __new__(cls, inner):
-            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
-
-        def __init__(self, inner):
-            self.inner = inner
-
+    class Wrapper(WrapperTensor):
         @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-            unwrapped = [a.inner if isinstance(a, Wrapper) else a for a in args]
-            out = func(*unwrapped, **(kwargs or {}))
+        def on_dispatch(cls, func, unwrapped_args, out):
             if func is torch.ops.aten.detach.default:
-                captured["input"] = unwrapped[0]
+                captured["input"] = unwrapped_args[0]
                 captured["output"] = out
-            return Wrapper(out) if isinstance(out, torch.Tensor) else out
 
     w = Wrapper(torch.ones(2))
     w.detach()
@@ -109,7 +100,7 @@ def test_inference_tensors_unchanged():
         d = a.detach()
     assert d.is_inference()
     with pytest.raises(RuntimeError, match="Inference tensors do not track version counter"):
-        d._version
+        d._version  # noqa: B018
     assert not shares_version_counter(a, d)
 
 

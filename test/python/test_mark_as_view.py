@@ -6,6 +6,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard
 from aliasguard import mark_as_view, shares_version_counter
+from aliasguard.testing import WrapperTensor
 
 
 def plain_alias(base, *shape, transpose=False):
@@ -152,16 +153,9 @@ def test_non_differentiable_view_shares_counter_only():
 
 
 def test_alias_storage_for_a_wrapper_subclass():
-    class Wrapper(torch.Tensor):
-        @staticmethod
-        def __new__(cls, inner):
-            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
-
-        def __init__(self, inner):
-            self.inner = inner
-
+    class Wrapper(WrapperTensor):
         @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def on_dispatch(cls, func, unwrapped_args, out):
             raise AssertionError(f"unexpected {func}")
 
     base = Wrapper(torch.ones(4))

@@ -1,15 +1,15 @@
 #include <torch/csrc/autograd/mark_as_view.h>
 
-#include <ATen/EmptyTensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/VersionCounterUtils.h>
-#include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/storage_alias.h>
+#include <torch/csrc/utils/torch_internals.h>
 
 #include <array>
 #include <utility>
 
-namespace torch::autograd {
+namespace aliasguard::autograd {
 
 // Note [Marking a tensor as a view]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -37,12 +37,12 @@ namespace torch::autograd {
 namespace {
 
 // Holds a user callable so that autograd can replay the view.
-struct CallableViewFunc final : public ViewFunc {
+struct CallableViewFunc final : public torch::autograd::ViewFunc {
   explicit CallableViewFunc(ViewReplayFn fn) : fn_(std::move(fn)) {}
   at::Tensor operator()(const at::Tensor& base) const override {
     return fn_(base);
   }
-  std::unique_ptr<ViewFunc> clone_and_set(
+  std::unique_ptr<torch::autograd::ViewFunc> clone_and_set(
       std::optional<std::vector<c10::SymInt>> /*symints*/,
       std::optional<std::vector<at::Tensor>> /*tensors*/) const override {
     return std::make_unique<CallableViewFunc>(fn_);
@@ -97,47 +97,26 @@ void check_has_no_autograd_meta(const at::Tensor& tensor) {
       "instead");
 }
 
+constexpr AliasNames kNames{"tensor", "base", "base's storage"};
+
 void check_storage(
     const at::Tensor& tensor,
     const at::Tensor& base,
     bool alias_storage) {
+  // See Note [May a tensor alias a storage]
   if (alias_storage) {
+    const auto problem = storage_alias_problem(tensor, base, kNames);
     TORCH_CHECK(
-        base.has_storage(),
-        "mark_as_view(alias_storage=True): base (layout ",
-        base.layout(),
-        ") has no storage to alias");
-    TORCH_CHECK(
-        tensor.device() == base.device(),
-        "mark_as_view(alias_storage=True): tensor is on ",
-        tensor.device(),
-        " but base's storage is on ",
-        base.device());
-    if (!has_placeholder_storage(base)) {
-      const auto needed = at::detail::computeStorageNbytes(
-          tensor.sym_sizes(),
-          tensor.sym_strides(),
-          tensor.dtype().itemsize(),
-          tensor.sym_storage_offset());
-      const auto available = base.unsafeGetTensorImpl()->unsafe_storage().sym_nbytes();
-      TORCH_CHECK(
-          needed <= available,
-          "mark_as_view(alias_storage=True): tensor's sizes, strides and "
-          "storage offset need ",
-          needed,
-          " bytes of storage but base's storage has ",
-          available);
-    }
+        !problem.has_value(),
+        "mark_as_view(alias_storage=True): ",
+        problem.value_or(""));
     return;
   }
   if (has_placeholder_storage(tensor)) {
     return; // a wrapper subclass aliases whatever its inner tensors alias
   }
-  const bool shares_storage = tensor.has_storage() && base.has_storage() &&
-      tensor.unsafeGetTensorImpl()->unsafe_storage().is_alias_of(
-          base.unsafeGetTensorImpl()->unsafe_storage());
   TORCH_CHECK(
-      shares_storage,
+      storages_alias(tensor, base),
       "mark_as_view(): tensor does not share base's storage, so it cannot be "
       "a view of it; pass alias_storage=True to make tensor use base's "
       "storage first");
@@ -199,6 +178,11 @@ const at::Tensor& mark_as_view(
   TORCH_CHECK(
       differentiable || !options.view_fn,
       "mark_as_view(): view_fn is only used by differentiable views");
+  if (differentiable) {
+    const auto problem = differentiable_view_problem(
+        tensor, base, static_cast<bool>(options.view_fn), kNames);
+    TORCH_CHECK(!problem.has_value(), "mark_as_view(): ", problem.value_or(""));
+  }
   check_storage(tensor, base, options.alias_storage);
 
   // Every check passed: from here on, nothing throws for a reason the caller
@@ -209,29 +193,23 @@ const at::Tensor& mark_as_view(
         base.unsafeGetTensorImpl()->unsafe_storage());
   }
   if (!differentiable) {
-    c10::share_version_counter(*tensor_impl, *base.unsafeGetTensorImpl());
+    share_version_counter(*tensor_impl, *base.unsafeGetTensorImpl());
     return tensor;
   }
-  std::unique_ptr<ViewFunc> view_func = options.view_fn
+  std::unique_ptr<torch::autograd::ViewFunc> view_func = options.view_fn
       ? std::make_unique<CallableViewFunc>(std::move(options.view_fn))
       : nullptr;
-  const at::Tensor marked = as_view(
+  internals::make_differentiable_view_in_place(
       base,
       tensor,
       options.is_bw_differentiable,
       options.is_fw_differentiable,
       std::move(view_func),
-      /*rev_view_func=*/nullptr,
       creation_meta);
-  TORCH_INTERNAL_ASSERT(marked.is_same(tensor));
   if (options.is_bw_differentiable && creation_meta == CreationMeta::DEFAULT) {
-    auto* view_meta = impl::get_view_autograd_meta(tensor);
-    if (view_meta != nullptr && view_meta->has_bw_view()) {
-      view_meta->set_attr_version(
-          static_cast<uint32_t>(tensor._version()) - 1u);
-    }
+    internals::mark_view_grad_fn_stale(tensor);
   }
   return tensor;
 }
 
-} // namespace torch::autograd
+} // namespace aliasguard::autograd

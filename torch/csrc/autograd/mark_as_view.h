@@ -1,14 +1,16 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/placeholder_storage.h>
+#include <c10/macros/AliasguardExport.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <functional>
 #include <optional>
 #include <string_view>
 
-namespace torch::autograd {
+namespace aliasguard::autograd {
+
+using torch::autograd::CreationMeta;
 
 // A callable `base -> view` used to replay a view, e.g. when the view's
 // grad_fn must be rebuilt after an in-place op on its base.
@@ -23,7 +25,7 @@ struct MarkAsViewOptions {
   std::optional<CreationMeta> creation_meta = std::nullopt;
   // First make `tensor` use `base`'s storage, keeping its own sizes, strides
   // and storage offset (set_ semantics). Meant for wrapper subclasses, whose
-  // storage is a placeholder.
+  // storage is a placeholder. See Note [May a tensor alias a storage].
   bool alias_storage = false;
 };
 
@@ -31,13 +33,13 @@ struct MarkAsViewOptions {
 // kernel of a view op would (see Note [Marking a tensor as a view]).
 // Every precondition is checked before anything is modified: on error,
 // `tensor` is left exactly as it was. Returns `tensor`.
-const at::Tensor& mark_as_view(
+ALIASGUARD_API const at::Tensor& mark_as_view(
     const at::Tensor& tensor,
     const at::Tensor& base,
     MarkAsViewOptions options = {});
 
 // "DEFAULT", "NO_GRAD_MODE", ... -> CreationMeta; ValueError for other names.
-CreationMeta creation_meta_from_name(std::string_view name);
-const char* creation_meta_name(CreationMeta meta);
+ALIASGUARD_API CreationMeta creation_meta_from_name(std::string_view name);
+ALIASGUARD_API const char* creation_meta_name(CreationMeta meta);
 
-} // namespace torch::autograd
+} // namespace aliasguard::autograd

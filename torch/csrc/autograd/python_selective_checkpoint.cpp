@@ -24,16 +24,18 @@
 
 #include <torch/csrc/autograd/python_selective_checkpoint.h>
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/VersionCounterUtils.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/selective_checkpoint.h>
+#include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/schema_alias_analysis.h>
 
 #include <frameobject.h>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -43,37 +45,37 @@
 
 namespace py = pybind11;
 
-namespace aliasguard {
+namespace aliasguard::autograd {
 namespace {
 
 // Objects of checkpoint.py and torch the dispatch functions need, handed over
 // once by _sac_configure. Leaked: no Py_DECREF after interpreter shutdown.
 struct Config {
-  py::object ignored_ops;       // frozenset: SAC_IGNORED_OPS
-  py::object op_overload_type;  // torch._ops.OpOverload
-  py::object has_effects;       // op -> bool
-  py::object unsafe_view;       // aten._unsafe_view.default
-  py::object context_type;      // SelectiveCheckpointContext
-  py::object policy_type;       // CheckpointPolicy
+  py::object ignored_ops; // frozenset: SAC_IGNORED_OPS
+  py::object op_overload_type; // torch._ops.OpOverload
+  py::object has_effects; // op -> bool
+  py::object unsafe_view; // aten._unsafe_view.default
+  py::object context_type; // SelectiveCheckpointContext
+  py::object policy_type; // CheckpointPolicy
   py::object must_save;
   py::object prefer_save;
   py::object prefer_recompute;
-  py::object coerce_policy;    // (policy, func) -> CheckpointPolicy or raise
-  py::object forward_error;    // (func, cached_op, index, cached_at) -> raise
-  py::object recompute_error;  // (cached_op, index, cached_at, expected, found)
-  py::object missing_error;    // (func, calls, forward_calls) -> raise
-  py::object consumed_error;   // (func) -> raise
-  py::object detach_tree;      // out -> (cached value, [tensors])
-  py::object pack_value;       // (value, pack) -> packed value
-  py::object unpack_value;     // (packed value, unpack) -> value
-  py::object top_hooks;   // () -> the innermost saved-tensors hooks or None
-  py::object user_hooks;  // (mode) -> (pack, unpack) or None
-  py::object correct_aliasing;    // aliasguard._C._correct_aliasing
-  py::object correction_enabled;  // aliasguard._C._is_alias_correction_enabled
-  std::vector<std::string> library_prefixes;  // torch's and aliasguard's dirs
-  py::object state_attribute;                 // "_sac", interned
-  py::object is_recompute_name;               // "is_recompute"
-  py::object op_output_name;                  // "op_output"
+  py::object coerce_policy; // (policy, func) -> CheckpointPolicy or raise
+  py::object forward_error; // (func, cached_op, index, cached_at) -> raise
+  py::object recompute_error; // (cached_op, index, cached_at, expected, found)
+  py::object missing_error; // (func, calls, forward_calls) -> raise
+  py::object consumed_error; // (func) -> raise
+  py::object detach_tree; // out -> (cached value, [tensors])
+  py::object pack_value; // (value, pack) -> packed value
+  py::object unpack_value; // (packed value, unpack) -> value
+  py::object top_hooks; // () -> the innermost saved-tensors hooks or None
+  py::object user_hooks; // (mode) -> (pack, unpack) or None
+  py::object correct_aliasing; // aliasguard._C._correct_aliasing
+  py::object correction_enabled; // aliasguard._C._is_alias_correction_enabled
+  std::vector<std::string> library_prefixes; // torch's and aliasguard's dirs
+  py::object state_attribute; // "_sac", interned
+  py::object is_recompute_name; // "is_recompute"
+  py::object op_output_name; // "op_output"
   bool ready = false;
 };
 
@@ -85,8 +87,8 @@ Config& config() {
 // What the dispatch functions need to know about an op, computed on first
 // sight. Only touched with the GIL held.
 struct OpInfo {
-  py::object func;  // the key: keeps its address from being reused
-  py::object call;  // OpOverload._op, or func itself
+  py::object func; // the key: keeps its address from being reused
+  py::object call; // OpOverload._op, or func itself
   bool ignored = false;
   bool is_unsafe_view = false;
   bool has_effects = false;
@@ -110,48 +112,39 @@ std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>& op_table() {
   return *table;
 }
 
-std::string attr_string(PyObject* obj, const char* name) {
-  py::object value =
-      py::reinterpret_steal<py::object>(PyObject_GetAttrString(obj, name));
-  if (!value) {
-    throw python_error();
-  }
-  return value.cast<std::string>();
-}
-
+// What the schema says, from the one alias analysis (see
+// torch/csrc/utils/schema_alias_analysis.h): which arguments the op writes
+// and whether a return aliases an argument at all, or only reads it.
 void read_schema(OpInfo& info) {
-  py::object schema = py::reinterpret_steal<py::object>(
-      PyObject_GetAttrString(info.func.ptr(), "_schema"));
-  if (!schema) {
-    throw python_error();
+  const std::optional<c10::OperatorName> name =
+      internals::operator_name_of(info.func.ptr());
+  if (!name) {
+    return; // no dispatcher operator: treated as pure
   }
-  auto handle = c10::Dispatcher::singleton().findSchema(
-      {attr_string(schema.ptr(), "name"),
-       attr_string(schema.ptr(), "overload_name")});
-  if (!handle) {
-    return;  // a schema the dispatcher no longer knows: treated as pure
+  const std::shared_ptr<const utils::SchemaAliasAnalysis> analysis =
+      utils::schema_alias_analysis(*name);
+  if (!analysis) {
+    return; // a schema the dispatcher no longer knows: treated as pure
   }
-  const c10::FunctionSchema& fn_schema = handle->schema();
-  const auto& arguments = fn_schema.arguments();
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const auto* alias = arguments[i].alias_info();
-    if (alias != nullptr && alias->isWrite()) {
-      PyObject* name = PyUnicode_FromString(arguments[i].name().c_str());
-      if (name == nullptr) {
-        throw python_error();
-      }
-      PyUnicode_InternInPlace(&name);
-      info.written.push_back(
-          {static_cast<Py_ssize_t>(i),
-           py::reinterpret_steal<py::object>(name),
-           arguments[i].kwarg_only()});
+  for (size_t i = 0; i < analysis->num_arguments(); ++i) {
+    if (!analysis->argument_is_written(i)) {
+      continue;
     }
+    PyObject* argument_name =
+        PyUnicode_FromString(analysis->argument_name(i).c_str());
+    if (argument_name == nullptr) {
+      throw python_error();
+    }
+    PyUnicode_InternInPlace(&argument_name);
+    info.written.push_back(
+        {static_cast<Py_ssize_t>(i),
+         py::reinterpret_steal<py::object>(argument_name),
+         analysis->argument_is_kwarg_only(i)});
   }
-  for (const auto& ret : fn_schema.returns()) {
-    const auto* alias = ret.alias_info();
-    if (alias != nullptr) {
+  for (const utils::ReturnAlias& ret : analysis->returns()) {
+    if (ret.annotated) {
       info.has_aliasing_returns = true;
-      info.is_view = info.is_view || !alias->isWrite();
+      info.is_view = info.is_view || !ret.annotated_write;
     }
   }
 }
@@ -167,7 +160,7 @@ const OpInfo& op_info(PyObject* func) {
   info->func = py::reinterpret_borrow<py::object>(func);
   const int ignored = PySet_Contains(cfg.ignored_ops.ptr(), func);
   if (ignored < 0) {
-    PyErr_Clear();  // unhashable: not one of the ignored ops
+    PyErr_Clear(); // unhashable: not one of the ignored ops
   }
   info->ignored = ignored == 1;
   info->is_unsafe_view = func == cfg.unsafe_view.ptr();
@@ -183,7 +176,7 @@ const OpInfo& op_info(PyObject* func) {
     }
     read_schema(*info);
   } else {
-    info->call = info->func;  // a higher-order op: no schema, treated as pure
+    info->call = info->func; // a higher-order op: no schema, treated as pure
   }
   py::object effects = py::reinterpret_steal<py::object>(
       PyObject_CallOneArg(cfg.has_effects.ptr(), func));
@@ -197,20 +190,20 @@ const OpInfo& op_info(PyObject* func) {
 // One cached op call: the value handed back at recompute and where the user's
 // code ran the op (formatted only for messages).
 struct EntryValue {
-  py::object value;   // None once consumed
-  py::object unpack;  // the user's unpack hook when `value` is packed
-  py::object code;    // code object of the user's frame, or None
+  py::object value; // None once consumed
+  py::object unpack; // the user's unpack hook when `value` is packed
+  py::object code; // code object of the user's frame, or None
   int line = 0;
 };
 
 struct SacState {
   SelectiveCheckpointCache cache;
   std::vector<EntryValue> values;
-  py::object policy_fn;  // None for a list policy
+  py::object policy_fn; // None for a list policy
   // The ops of a list policy, by identity: OpOverload hashes in Python, and
   // compares by identity (one object per overload), so a set of pointers
   // answers the same without a Python call.
-  py::object saved_ops;  // keeps the pointers below valid
+  py::object saved_ops; // keeps the pointers below valid
   std::unordered_set<PyObject*> saved_op_ptrs;
   // CheckpointPolicy members (singletons) the running torch overrides for
   // effectful ops; see _torch_sac_semantics.py.
@@ -243,16 +236,16 @@ SacState* state_of_mode(PyObject* mode) {
   if (!capsule) {
     throw python_error();
   }
-  return state_of_capsule(capsule.ptr());  // the mode keeps it alive
+  return state_of_capsule(capsule.ptr()); // the mode keeps it alive
 }
 
 // The innermost frame outside torch and aliasguard: (code, line).
 std::pair<py::object, int> user_frame() {
   const auto& prefixes = config().library_prefixes;
-  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  PyFrameObject* frame = PyEval_GetFrame(); // borrowed
   Py_XINCREF(frame);
   while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    PyCodeObject* code = PyFrame_GetCode(frame); // new reference
     Py_ssize_t size = 0;
     const char* filename = PyUnicode_AsUTF8AndSize(code->co_filename, &size);
     if (filename == nullptr) {
@@ -272,7 +265,7 @@ std::pair<py::object, int> user_frame() {
           line};
     }
     Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    PyFrameObject* back = PyFrame_GetBack(frame); // new reference
     Py_DECREF(frame);
     frame = back;
   }
@@ -286,17 +279,17 @@ std::string location(const EntryValue& entry) {
   auto* code = reinterpret_cast<PyCodeObject*>(entry.code.ptr());
   return py::reinterpret_borrow<py::object>(code->co_filename)
              .cast<std::string>() +
-         ":" + std::to_string(entry.line);
+      ":" + std::to_string(entry.line);
 }
 
 bool is_tensor(PyObject* obj) {
-  return PyObject_TypeCheck(
-      obj, reinterpret_cast<PyTypeObject*>(THPVariableClass));
+  return internals::is_tensor_object(obj);
 }
 
 // Calls `fn(*args)`; always throws: the helpers raise the error to report.
 [[noreturn]] void raise_through(
-    const py::object& fn, std::initializer_list<py::handle> args) {
+    const py::object& fn,
+    std::initializer_list<py::handle> args) {
   py::tuple packed(args.size());
   size_t i = 0;
   for (py::handle arg : args) {
@@ -347,7 +340,10 @@ py::object run_op(const OpInfo& info, PyObject* args, PyObject* kwargs) {
 // Every tensor an op writes, by its schema's Tensor(a!) arguments.
 template <typename F>
 void for_each_written(
-    const OpInfo& info, PyObject* args, PyObject* kwargs, F&& visit) {
+    const OpInfo& info,
+    PyObject* args,
+    PyObject* kwargs,
+    F&& visit) {
   const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
   for (const auto& written : info.written) {
     PyObject* value = nullptr;
@@ -364,7 +360,7 @@ void for_each_written(
     }
     if (is_tensor(value)) {
       visit(THPVariable_Unpack(value));
-    } else if (PyList_Check(value) || PyTuple_Check(value)) {  // Tensor(a!)[]
+    } else if (PyList_Check(value) || PyTuple_Check(value)) { // Tensor(a!)[]
       py::object items =
           py::reinterpret_steal<py::object>(PySequence_Fast(value, ""));
       if (!items) {
@@ -382,7 +378,10 @@ void for_each_written(
 
 // Refuses a write to the memory of a cached output; nothing ran yet.
 void check_forward_write(
-    SacState& state, const OpInfo& info, PyObject* args, PyObject* kwargs) {
+    SacState& state,
+    const OpInfo& info,
+    PyObject* args,
+    PyObject* kwargs) {
   for_each_written(info, args, kwargs, [&](const at::Tensor& tensor) {
     if (!tensor.defined()) {
       return;
@@ -418,10 +417,10 @@ void share_unsafe_view_counter(PyObject* out, PyObject* args) {
   const c10::TensorImpl* source_impl = source.unsafeGetTensorImpl();
   if (result.is_inference() || source.is_inference() ||
       !result.is_alias_of(source) ||
-      c10::shares_version_counter(*result_impl, *source_impl)) {
+      shares_version_counter(*result_impl, *source_impl)) {
     return;
   }
-  c10::share_version_counter(*result_impl, *source_impl);
+  share_version_counter(*result_impl, *source_impl);
 }
 
 // True when the policy says to keep the op's output.
@@ -435,11 +434,11 @@ bool policy_saves(
   const Config& cfg = config();
   if (state.policy_fn.is_none()) {
     if (state.saved_op_ptrs.count(func) != 0) {
-      return true;  // MUST_SAVE
+      return true; // MUST_SAVE
     }
     // PREFER_RECOMPUTE, unless the running torch keeps effectful ops.
     return info.has_effects &&
-           state.effect_overridden(cfg.prefer_recompute.ptr());
+        state.effect_overridden(cfg.prefer_recompute.ptr());
   }
   // A SelectiveCheckpointContext without running its Python __init__.
   py::object ctx = py::reinterpret_steal<py::object>(PyBaseObject_Type.tp_new(
@@ -489,7 +488,8 @@ bool policy_saves(
 // Detached outputs (a tensor, or an exact tuple/list of tensors and other
 // objects) and the tensors among them; anything else goes through Python.
 py::object detach_outputs(
-    PyObject* out, std::vector<const at::Tensor*>& tensors) {
+    PyObject* out,
+    std::vector<const at::Tensor*>& tensors) {
   if (is_tensor(out)) {
     py::object detached = py::reinterpret_steal<py::object>(
         THPVariable_Wrap(THPVariable_Unpack(out).detach()));
@@ -519,10 +519,9 @@ py::object detach_outputs(
       for (Py_ssize_t i = 0; i < size; ++i) {
         PyObject* item =
             is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
-        PyObject* kept =
-            is_tensor(item)
-                ? THPVariable_Wrap(THPVariable_Unpack(item).detach())
-                : Py_NewRef(item);
+        PyObject* kept = is_tensor(item)
+            ? THPVariable_Wrap(THPVariable_Unpack(item).detach())
+            : Py_NewRef(item);
         if (kept == nullptr) {
           throw python_error();
         }
@@ -556,7 +555,10 @@ py::object detach_outputs(
 }
 
 void cache_outputs(
-    SacState& state, PyObject* mode, PyObject* func, PyObject* out) {
+    SacState& state,
+    PyObject* mode,
+    PyObject* func,
+    PyObject* out) {
   std::vector<const at::Tensor*> tensors;
   EntryValue entry;
   entry.value = detach_outputs(out, tensors);
@@ -596,13 +598,15 @@ void cache_outputs(
 struct DispatchArgs {
   PyObject* mode;
   PyObject* func;
-  PyObject* args;    // a tuple
-  PyObject* kwargs;  // a dict or None
+  PyObject* args; // a tuple
+  PyObject* kwargs; // a dict or None
 };
 
 // (self, func, types, args=(), kwargs=None), positionally or by keyword.
 DispatchArgs parse_dispatch_args(
-    PyObject* const* stack, Py_ssize_t nargs, PyObject* kwnames) {
+    PyObject* const* stack,
+    Py_ssize_t nargs,
+    PyObject* kwnames) {
   static const char* const names[] = {
       "self", "func", "types", "args", "kwargs"};
   PyObject* values[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
@@ -726,7 +730,7 @@ PyObject* recompute_dispatch(
     PyObject* unpacked = PyObject_CallFunctionObjArgs(
         config().unpack_value.ptr(), value.ptr(), entry.unpack.ptr(), nullptr);
     entry.unpack = py::none();
-    return unpacked;  // nullptr with the hook's error set
+    return unpacked; // nullptr with the hook's error set
   }
   return value.release().ptr();
   END_HANDLE_TH_ERRORS
@@ -769,7 +773,7 @@ py::object intern(const char* text) {
   return py::reinterpret_steal<py::object>(name);
 }
 
-}  // namespace
+} // namespace
 
 void init_selective_checkpoint_bindings(py::module_& m) {
   m.def("_sac_configure", [m](py::dict options) mutable {
@@ -866,4 +870,4 @@ void init_selective_checkpoint_bindings(py::module_& m) {
   m.attr("_sac_recompute_dispatch") = as_method(&recompute_def);
 }
 
-}  // namespace aliasguard
+} // namespace aliasguard::autograd

@@ -1,15 +1,17 @@
 #include <torch/csrc/autograd/selective_checkpoint.h>
 
 #include <c10/core/VersionCounterUtils.h>
+#include <torch/csrc/utils/torch_internals.h>
 
-namespace aliasguard {
+namespace aliasguard::autograd {
 
 void SelectiveCheckpointCache::record_recompute(OpKey op) {
   slots_[op].push_back(kRecomputeSlot);
 }
 
 size_t SelectiveCheckpointCache::record_cached(
-    OpKey op, const std::vector<const at::Tensor*>& outputs) {
+    OpKey op,
+    const std::vector<const at::Tensor*>& outputs) {
   const size_t index = entries_.size();
   Entry entry;
   entry.op = op;
@@ -18,7 +20,7 @@ size_t SelectiveCheckpointCache::record_cached(
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor* output = outputs[i];
     if (output == nullptr || !output->defined() ||
-        !c10::has_version_counter(*output->unsafeGetTensorImpl())) {
+        !has_version_counter(*output->unsafeGetTensorImpl())) {
       // Nothing to watch: a non-tensor output, or an inference tensor.
       entry.counters.emplace_back();
       entry.versions.push_back(0);
@@ -30,20 +32,20 @@ size_t SelectiveCheckpointCache::record_cached(
     entry.versions.push_back(counter.current_version());
     // The first output keeps its place when two share a counter.
     by_counter_.try_emplace(
-        c10::version_counter_identity(counter), CachedOutput{index, i});
+        internals::version_counter_identity(counter), CachedOutput{index, i});
   }
   entries_.push_back(std::move(entry));
   slots_[op].push_back(index);
   return index;
 }
 
-std::optional<SelectiveCheckpointCache::CachedOutput>
-SelectiveCheckpointCache::find_cached(const c10::TensorImpl& written) const {
-  if (by_counter_.empty() || !c10::has_version_counter(written)) {
+std::optional<SelectiveCheckpointCache::CachedOutput> SelectiveCheckpointCache::
+    find_cached(const c10::TensorImpl& written) const {
+  if (by_counter_.empty() || !has_version_counter(written)) {
     return std::nullopt;
   }
   auto it = by_counter_.find(
-      c10::version_counter_identity(written.version_counter()));
+      internals::version_counter_identity(written.version_counter()));
   if (it == by_counter_.end()) {
     return std::nullopt;
   }
@@ -63,11 +65,11 @@ SelectiveCheckpointCache::Slot SelectiveCheckpointCache::next_call(OpKey op) {
   slot.call_index = recompute_calls_[op]++;
   auto it = slots_.find(op);
   if (it == slots_.end()) {
-    return slot;  // kMissing, no forward calls
+    return slot; // kMissing, no forward calls
   }
   slot.forward_calls = it->second.size();
   if (slot.call_index >= slot.forward_calls) {
-    return slot;  // kMissing
+    return slot; // kMissing
   }
   const size_t entry = it->second[slot.call_index];
   if (entry == kRecomputeSlot) {
@@ -80,8 +82,8 @@ SelectiveCheckpointCache::Slot SelectiveCheckpointCache::next_call(OpKey op) {
   return slot;
 }
 
-std::optional<SelectiveCheckpointCache::VersionChange>
-SelectiveCheckpointCache::changed_output(size_t entry) const {
+std::optional<SelectiveCheckpointCache::VersionChange> SelectiveCheckpointCache::
+    changed_output(size_t entry) const {
   const Entry& cached = entries_.at(entry);
   for (size_t i = 0; i < cached.counters.size(); ++i) {
     if (!cached.counters[i].enabled()) {
@@ -102,4 +104,4 @@ void SelectiveCheckpointCache::consume(size_t entry) {
   cached.counters.shrink_to_fit();
 }
 
-}  // namespace aliasguard
+} // namespace aliasguard::autograd

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/macros/AliasguardExport.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -15,7 +16,7 @@
 // (torch/csrc/autograd/python_selective_checkpoint.cpp) keeps the cached
 // values themselves and runs the ops.
 
-namespace aliasguard {
+namespace aliasguard::autograd {
 
 // Identifies an op for the per-op call counts; the adapter passes the
 // address of the op's Python object (an OpOverload is a singleton per
@@ -34,20 +35,20 @@ using OpKey = const void*;
 // the forward pass the index is dropped; each entry keeps its counters (not
 // the tensors: with saved-tensors hooks the memory may be elsewhere) and the
 // versions at caching time, and the recompute compares them.
-class SelectiveCheckpointCache {
+class ALIASGUARD_API SelectiveCheckpointCache {
  public:
   // Where the recompute stands for one call of an op.
   enum class SlotKind : uint8_t {
-    kRecompute,  // the forward pass did not cache it: run the op
-    kCached,     // hand back entry `entry`
-    kConsumed,   // already handed back to an earlier recompute
-    kMissing,    // the forward pass made fewer calls of this op
+    kRecompute, // the forward pass did not cache it: run the op
+    kCached, // hand back entry `entry`
+    kConsumed, // already handed back to an earlier recompute
+    kMissing, // the forward pass made fewer calls of this op
   };
   struct Slot {
     SlotKind kind = SlotKind::kMissing;
-    size_t entry = 0;          // kCached, kConsumed
-    size_t forward_calls = 0;  // calls of the op in the forward pass
-    size_t call_index = 0;     // this call's index among the recompute's calls
+    size_t entry = 0; // kCached, kConsumed
+    size_t forward_calls = 0; // calls of the op in the forward pass
+    size_t call_index = 0; // this call's index among the recompute's calls
   };
   // A cached output found by its counter.
   struct CachedOutput {
@@ -111,4 +112,4 @@ class SelectiveCheckpointCache {
   std::unordered_map<OpKey, size_t> recompute_calls_;
 };
 
-}  // namespace aliasguard
+} // namespace aliasguard::autograd

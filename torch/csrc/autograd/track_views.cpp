@@ -2,7 +2,7 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-namespace torch::autograd {
+namespace aliasguard::autograd {
 
 // See Note [Tracking views below autograd]
 bool enable_view_tracking() {
@@ -25,4 +25,4 @@ bool is_view_tracking_enabled() {
       c10::DispatchKey::ADInplaceOrView);
 }
 
-} // namespace torch::autograd
+} // namespace aliasguard::autograd

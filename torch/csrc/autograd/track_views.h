@@ -1,6 +1,8 @@
 #pragma once
 
-namespace torch::autograd {
+#include <c10/macros/AliasguardExport.h>
+
+namespace aliasguard::autograd {
 
 // Note [Tracking views below autograd]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -15,9 +17,9 @@ namespace torch::autograd {
 
 // Re-enables ADInplaceOrView for the calling thread and returns whether it was
 // excluded before; hand that value to restore_view_tracking.
-bool enable_view_tracking();
-void restore_view_tracking(bool was_excluded);
-bool is_view_tracking_enabled();
+ALIASGUARD_API bool enable_view_tracking();
+ALIASGUARD_API void restore_view_tracking(bool was_excluded);
+ALIASGUARD_API bool is_view_tracking_enabled();
 
 // RAII form of the two functions above.
 class TrackViewsGuard {
@@ -33,4 +35,4 @@ class TrackViewsGuard {
   bool was_excluded_;
 };
 
-} // namespace torch::autograd
+} // namespace aliasguard::autograd

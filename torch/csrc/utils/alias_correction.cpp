@@ -2,18 +2,15 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/VersionCounterUtils.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
-#include <torch/csrc/autograd/placeholder_storage.h>
+#include <torch/csrc/autograd/storage_alias.h>
 
-#include <atomic>
 #include <optional>
-#include <sstream>
-#include <string_view>
+#include <string>
 #include <utility>
 #include <vector>
 
-namespace torch::utils {
+namespace aliasguard::utils {
 
 // Note [Alias correction after __torch_dispatch__]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -48,120 +45,17 @@ namespace torch::utils {
 // when either side has no storage (sparse): those outputs only get the
 // counter, as as_view would give them.
 
-AliasingError::AliasingError(
-    std::string op,
-    size_t return_index,
-    std::string argument,
-    const std::string& message)
-    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message),
-      op_(std::move(op)),
-      return_index_(return_index),
-      argument_(std::move(argument)) {}
-
-AliasingError::~AliasingError() = default;
-
-} // namespace torch::utils
-
-namespace torch::utils {
-
-std::string OpValueRef::describe() const {
-  switch (kind_) {
-    case Kind::kNone:
-      return "None";
-    case Kind::kTensor:
-      return "a Tensor";
-    case Kind::kTensorList:
-      return "a list of " + std::to_string(elements_.size()) + " Tensors";
-    case Kind::kOther:
-      return std::string("a ") + type_name_;
-  }
-  return "an unknown value";
-}
-
 namespace {
 
-using torch::autograd::has_placeholder_storage;
-
-// One return (or one element of a list return) and the argument it concerns.
-struct Site {
-  const SchemaAliasAnalysis& analysis;
-  size_t return_index;
-  std::optional<size_t> argument;
-  std::optional<size_t> element = std::nullopt;
-
-  Site with_argument(size_t index) const {
-    return Site{analysis, return_index, index, element};
-  }
-  Site with_element(size_t index) const {
-    return Site{analysis, return_index, argument, index};
-  }
-};
-
-[[noreturn]] void fail(const Site& site, std::string_view problem) {
-  std::ostringstream message;
-  message << site.analysis.op_name() << ": return " << site.return_index;
-  if (site.element.has_value()) {
-    message << " (list element " << *site.element << ")";
-  }
-  message << ' ' << problem << "\n  schema: " << site.analysis.schema_string();
-  throw AliasingError(
-      site.analysis.op_name(),
-      site.return_index,
-      site.argument.has_value() ? site.analysis.argument_name(*site.argument)
-                                : std::string(),
-      message.str());
-}
-
-// "argument 'self'", for the argument the site concerns.
-std::string named(const Site& site) {
-  return "argument '" + site.analysis.argument_name(*site.argument) + "'";
-}
-
-bool has_real_storage(const at::Tensor& tensor) {
-  return tensor.has_storage() && !has_placeholder_storage(tensor);
-}
-
-const c10::Storage& storage_of(const at::Tensor& tensor) {
-  // unsafe_storage: a wrapper subclass's storage() throws by design.
-  return tensor.unsafeGetTensorImpl()->unsafe_storage();
-}
-
-bool storages_alias(const at::Tensor& a, const at::Tensor& b) {
-  return a.has_storage() && b.has_storage() &&
-      storage_of(a).is_alias_of(storage_of(b));
-}
-
-// Calls `visit(tensor)` for each defined tensor of a value.
-template <typename Visit>
-void for_each_tensor(const OpValueRef& value, Visit&& visit) {
-  if (value.is_tensor()) {
-    visit(value.tensor());
-  } else if (value.is_list()) {
-    for (const at::Tensor* element : value.elements()) {
-      if (element != nullptr && element->defined()) {
-        visit(*element);
-      }
-    }
-  }
-}
-
-const at::Tensor& tensor_argument(
-    const Site& site,
-    c10::ArrayRef<OpValueRef> args) {
-  const OpValueRef& value = args[*site.argument];
-  if (!value.is_tensor()) {
-    fail(
-        site,
-        "is a tensor but " + named(site) + ", which it aliases, is " +
-            value.describe());
-  }
-  return value.tensor();
-}
+using autograd::has_placeholder_storage;
+using autograd::has_real_storage;
+using autograd::storage_of;
+using autograd::storages_alias;
 
 // The return must not be some other argument: making it alias (or replacing
 // it by) the argument the schema names would modify an input of the op.
 void check_not_other_argument(
-    const Site& site,
+    const AliasSite& site,
     const at::Tensor& output,
     c10::ArrayRef<OpValueRef> args) {
   for (size_t i = 0; i < args.size(); ++i) {
@@ -170,23 +64,13 @@ void check_not_other_argument(
     }
     for_each_tensor(args[i], [&](const at::Tensor& input) {
       if (output.is_same(input)) {
-        fail(
+        throw_aliasing_error(
             site,
-            "is " + named(site.with_argument(i)) +
-                ", but the schema says it aliases " + named(site));
+            "is " + site.with_argument(i).argument_name() +
+                ", but the schema says it aliases " + site.argument_name());
       }
     });
   }
-}
-
-bool needs_shared_version_counter(
-    const at::Tensor& input,
-    const at::Tensor& output) {
-  const c10::TensorImpl& in = *input.unsafeGetTensorImpl();
-  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
-  // Inference tensors have no counter to share; as_view skips them too.
-  return c10::has_version_counter(in) && c10::has_version_counter(out) &&
-      !c10::shares_version_counter(in, out);
 }
 
 struct ViewFix {
@@ -210,7 +94,7 @@ struct Plan {
 
 // What making `output` a proper view of `input` takes, if anything.
 std::optional<ViewFix> plan_view_output(
-    const Site& site,
+    const AliasSite& site,
     const at::Tensor& input,
     const at::Tensor& output,
     c10::ArrayRef<OpValueRef> args) {
@@ -223,36 +107,26 @@ std::optional<ViewFix> plan_view_output(
   const bool output_is_placeholder = has_placeholder_storage(output);
   const bool same_storage = input_has_storage && output.has_storage() &&
       storage_of(output).is_alias_of(storage_of(input));
-  if (output_is_placeholder) {
-    if (!input_has_storage) {
-      fail(
-          site,
-          "is a wrapper tensor with placeholder storage, but " + named(site) +
-              " (layout " + c10::str(input.layout()) +
-              ") has no storage it could share");
-    }
-    if (!same_storage) {
-      const c10::Device from = storage_of(output).device();
-      const c10::Device to = storage_of(input).device();
-      if (from != to) {
-        fail(
-            site,
-            "is a wrapper tensor on " + from.str() + " but " + named(site) +
-                " keeps its storage on " + to.str() +
-                ", so it cannot share that storage");
-      }
-      alias_storage = true;
-    }
+  if (output_is_placeholder && !same_storage) {
+    check_storage_alias(
+        site,
+        output,
+        input,
+        "the returned wrapper",
+        "is a wrapper tensor with placeholder storage that cannot share the "
+        "storage of " +
+            site.argument_name());
+    alias_storage = true;
   } else if (has_real_storage(output) && has_real_storage(input)) {
     if (!same_storage) {
-      fail(
+      throw_aliasing_error(
           site,
-          "should be a view of " + named(site) +
+          "should be a view of " + site.argument_name() +
               " but has storage of its own: it shares no memory with its "
               "input (was the view op answered with a copy?)");
     }
   }
-  const bool share = needs_shared_version_counter(input, output);
+  const bool share = shares_no_version_counter(input, output);
   if (!alias_storage && !share) {
     return std::nullopt;
   }
@@ -268,7 +142,7 @@ void apply(const ViewFix& fix) {
     fix.output->set_storage_keep_dtype(fix.input->unsafe_storage());
   }
   if (fix.share_version_counter) {
-    c10::share_version_counter(*fix.output, *fix.input);
+    share_version_counter(*fix.output, *fix.input);
   }
 }
 
@@ -284,7 +158,7 @@ bool same_strided_metadata(const at::Tensor& a, const at::Tensor& b) {
 }
 
 void plan_write_output(
-    const Site& site,
+    const AliasSite& site,
     const at::Tensor& argument,
     const at::Tensor& output,
     c10::ArrayRef<OpValueRef> args,
@@ -295,9 +169,9 @@ void plan_write_output(
   check_not_other_argument(site, output, args);
   if (has_real_storage(output) && has_real_storage(argument) &&
       !storages_alias(output, argument)) {
-    fail(
+    throw_aliasing_error(
         site,
-        "is a new tensor that shares no memory with " + named(site) +
+        "is a new tensor that shares no memory with " + site.argument_name() +
             ": an in-place or out= op must write into that argument and "
             "return it");
   }
@@ -307,10 +181,11 @@ void plan_write_output(
   c10::TensorImpl* impl = argument.unsafeGetTensorImpl();
   if (!has_placeholder_storage(argument) ||
       argument.layout() != c10::kStrided || output.layout() != c10::kStrided) {
-    fail(
+    throw_aliasing_error(
         site,
-        "has sizes " + c10::str(output.sym_sizes()) + " but " + named(site) +
-            " has sizes " + c10::str(argument.sym_sizes()) +
+        "has sizes " + c10::str(output.sym_sizes()) + " but " +
+            site.argument_name() + " has sizes " +
+            c10::str(argument.sym_sizes()) +
             " (or their strides, offsets or layouts differ): the op did not "
             "update the argument it claims to have written");
   }
@@ -325,7 +200,7 @@ void plan_write_output(
 }
 
 void plan_view_return(
-    const Site& site,
+    const AliasSite& site,
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool is_list,
@@ -335,7 +210,8 @@ void plan_view_return(
       return; // an optional return
     }
     if (!value.is_tensor()) {
-      fail(site, "is " + value.describe() + ", but the schema returns a Tensor");
+      throw_aliasing_error(
+          site, "is " + value.describe() + ", but the schema returns a Tensor");
     }
     if (auto fix = plan_view_output(
             site, tensor_argument(site, args), value.tensor(), args)) {
@@ -344,16 +220,17 @@ void plan_view_return(
     return;
   }
   if (!value.is_list()) {
-    fail(
+    throw_aliasing_error(
         site,
-        "is " + value.describe() + ", but the schema returns a list of Tensors");
+        "is " + value.describe() +
+            ", but the schema returns a list of Tensors");
   }
   const at::Tensor& input = tensor_argument(site, args);
   const auto elements = value.elements();
   for (size_t k = 0; k < elements.size(); ++k) {
     if (elements[k] != nullptr && elements[k]->defined()) {
-      if (auto fix =
-              plan_view_output(site.with_element(k), input, *elements[k], args)) {
+      if (auto fix = plan_view_output(
+              site.with_element(k), input, *elements[k], args)) {
         plan.view_fixes.push_back(*fix);
       }
     }
@@ -361,66 +238,51 @@ void plan_view_return(
 }
 
 void plan_write_return(
-    const Site& site,
+    const AliasSite& site,
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool is_list,
     Plan& plan) {
   if (!is_list) {
     if (!value.is_tensor()) {
-      fail(
+      throw_aliasing_error(
           site,
-          "is " + value.describe() + ", but the op writes " + named(site) +
-              " and must return it");
+          "is " + value.describe() + ", but the op writes " +
+              site.argument_name() + " and must return it");
     }
-    plan_write_output(site, tensor_argument(site, args), value.tensor(), args, plan);
+    plan_write_output(
+        site, tensor_argument(site, args), value.tensor(), args, plan);
     return;
   }
   const OpValueRef& argument = args[*site.argument];
   if (!value.is_list() || !argument.is_list()) {
-    fail(
+    throw_aliasing_error(
         site,
-        "is " + value.describe() + " and " + named(site) + " is " +
-            argument.describe() + ", but the schema says both are lists of "
+        "is " + value.describe() + " and " + site.argument_name() + " is " +
+            argument.describe() +
+            ", but the schema says both are lists of "
             "Tensors, the one returned as the other");
   }
   const auto outputs = value.elements();
   const auto inputs = argument.elements();
   if (outputs.size() != inputs.size()) {
-    fail(
+    throw_aliasing_error(
         site,
         "is a list of " + std::to_string(outputs.size()) + " tensors but " +
-            named(site) + " is a list of " + std::to_string(inputs.size()));
+            site.argument_name() + " is a list of " +
+            std::to_string(inputs.size()));
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
-    const Site element_site = site.with_element(k);
+    const AliasSite element_site = site.with_element(k);
     if (outputs[k] == nullptr || inputs[k] == nullptr ||
         !outputs[k]->defined() || !inputs[k]->defined()) {
-      fail(element_site, "and the matching element of " + named(site) +
-               " must both be tensors");
+      throw_aliasing_error(
+          element_site,
+          "and the matching element of " + site.argument_name() +
+              " must both be tensors");
     }
     plan_write_output(element_site, *inputs[k], *outputs[k], args, plan);
   }
-}
-
-void check_arity(
-    const SchemaAliasAnalysis& analysis,
-    size_t num_args,
-    size_t num_rets) {
-  TORCH_CHECK(
-      num_args == analysis.num_arguments(),
-      analysis.op_name(),
-      ": expected ",
-      analysis.num_arguments(),
-      " arguments (all of the schema's, in order), got ",
-      num_args);
-  TORCH_CHECK(
-      num_rets == analysis.returns().size(),
-      analysis.op_name(),
-      ": expected ",
-      analysis.returns().size(),
-      " returns, got ",
-      num_rets);
 }
 
 void apply(const Plan& plan) {
@@ -436,85 +298,7 @@ void apply(const Plan& plan) {
   }
 }
 
-const char* ivalue_type_name(const c10::IValue& value) {
-  if (value.isInt() || value.isSymInt()) {
-    return "int";
-  }
-  if (value.isDouble() || value.isSymFloat()) {
-    return "float";
-  }
-  if (value.isBool() || value.isSymBool()) {
-    return "bool";
-  }
-  if (value.isString()) {
-    return "str";
-  }
-  if (value.isList()) {
-    return "list";
-  }
-  if (value.isTuple()) {
-    return "tuple";
-  }
-  if (value.isGenerator()) {
-    return "Generator";
-  }
-  return "non-tensor value";
-}
-
-// OpValueRefs over a stack's IValues; owns the element arrays of lists.
-class BorrowedIValues {
- public:
-  explicit BorrowedIValues(c10::ArrayRef<c10::IValue> values) {
-    refs_.reserve(values.size());
-    for (const c10::IValue& value : values) {
-      refs_.push_back(borrow(value));
-    }
-  }
-  c10::ArrayRef<OpValueRef> refs() const {
-    return refs_;
-  }
-
- private:
-  OpValueRef borrow(const c10::IValue& value) {
-    if (value.isTensor()) {
-      return OpValueRef(value.toTensor());
-    }
-    if (value.isNone()) {
-      return OpValueRef();
-    }
-    if (!value.isList()) {
-      return OpValueRef::other(ivalue_type_name(value));
-    }
-    const auto elements = value.toListRef();
-    std::vector<const at::Tensor*> tensors;
-    tensors.reserve(elements.size());
-    for (const c10::IValue& element : elements) {
-      if (element.isTensor()) {
-        tensors.push_back(&element.toTensor());
-      } else if (element.isNone()) {
-        tensors.push_back(nullptr);
-      } else {
-        return OpValueRef::other("list");
-      }
-    }
-    // Moving the vector keeps its buffer, which the ref points into.
-    lists_.push_back(std::move(tensors));
-    return OpValueRef::list(lists_.back());
-  }
-
-  c10::SmallVector<OpValueRef, 8> refs_;
-  std::vector<std::vector<const at::Tensor*>> lists_;
-};
-
 } // namespace
-
-void throw_aliasing_error(
-    const SchemaAliasAnalysis& analysis,
-    size_t return_index,
-    std::optional<size_t> argument,
-    std::string_view problem) {
-  fail(Site{analysis, return_index, argument}, problem);
-}
 
 void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
@@ -528,7 +312,7 @@ void correct_aliasing_borrowed(
   const auto& returns = analysis.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
     const ReturnAlias& alias = returns[i];
-    const Site site{analysis, i, alias.argument};
+    const AliasSite site{analysis, i, alias.argument};
     if (alias.kind == ReturnAliasKind::kView) {
       plan_view_return(site, args, rets[i], alias.is_list, plan);
     } else if (alias.kind == ReturnAliasKind::kWrite) {
@@ -555,7 +339,10 @@ void correct_view_return(
   }
   // No other tensor argument exists, so none can be the output.
   if (auto fix = plan_view_output(
-          Site{analysis, return_index, alias.argument}, input, output, {})) {
+          AliasSite{analysis, return_index, alias.argument},
+          input,
+          output,
+          {})) {
     apply(*fix);
   }
 }
@@ -591,271 +378,4 @@ void correct_aliasing(
   correct_aliasing(SchemaAliasAnalysis(schema), args, rets);
 }
 
-// Note [Alias audit]
-// ~~~~~~~~~~~~~~~~~~
-// The audit checks each op against its schema after it ran, changing
-// nothing: fresh outputs share memory with no input, view outputs share their
-// input's storage and (where autograd's view tracking ran, or alias correction
-// promises it) its version counter, write outputs are their argument.
-//
-// It is a boxed fallback on a dispatch key enabled through the thread-local
-// include set, so it sees every op of the thread (and of the autograd work the
-// thread starts, which inherits the TLS), whatever the tensors: plain ones,
-// subclasses, and the final result of every mode. The key must sit above
-// autograd, so that it sees the ADInplaceOrView result; no key is free there
-// in a stock build, so we borrow TESTING_ONLY_GenericMode, which stock PyTorch
-// registers nothing for (an in-tree patch would add a dedicated key). Two
-// consequences of sitting above autograd:
-//   * CompositeImplicitAutograd ops are skipped: they decompose at the
-//     autograd key into ops the audit sees one by one, and their own results
-//     may legitimately ignore the schema (dropout in eval mode returns its
-//     input for a fresh return);
-//   * keys above the Python key are excluded inside __torch_dispatch__, so
-//     ops called from there are not seen by the fallback. The Python bindings
-//     audit each __torch_dispatch__ result instead, right after correcting
-//     it, which covers nested modes and subclasses layer by layer.
-// Empty outputs are exempt (sharing zero bytes is harmless, and native
-// kernels return their empty input for fresh returns), as is
-// aten::_unsafe_view, whose unannotated return aliases by design.
-
-namespace {
-
-constexpr c10::DispatchKey kAuditKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
-
-std::atomic<AliasingErrorReporter> audit_error_reporter{nullptr};
-
-bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
-  return analysis.op_name() == "aten::_unsafe_view";
-}
-
-void audit_fresh_output(
-    const Site& site,
-    const at::Tensor& output,
-    c10::ArrayRef<OpValueRef> args) {
-  if (!output.has_storage() || storage_of(output).nbytes() == 0) {
-    return;
-  }
-  for (size_t i = 0; i < args.size(); ++i) {
-    for_each_tensor(args[i], [&](const at::Tensor& input) {
-      const Site argument_site = site.with_argument(i);
-      if (output.is_same(input)) {
-        fail(
-            argument_site,
-            "is " + named(argument_site) +
-                " itself, but the schema says it is a new tensor (no alias "
-                "annotation)");
-      }
-      if (storages_alias(output, input)) {
-        fail(
-            argument_site,
-            "shares memory with " + named(argument_site) +
-                ", but the schema says it is a new tensor (no alias "
-                "annotation)");
-      }
-    });
-  }
-}
-
-void audit_view_output(
-    const Site& site,
-    const at::Tensor& input,
-    const at::Tensor& output,
-    bool views_share_version_counter) {
-  if (output.is_same(input)) {
-    return;
-  }
-  // A real output of a placeholder input (a wrapper returning views of its
-  // inner tensors) cannot be checked; everything else with storage can.
-  const bool checkable = output.has_storage() && input.has_storage() &&
-      !(has_placeholder_storage(input) && has_real_storage(output));
-  if (checkable && !storages_alias(output, input)) {
-    fail(
-        site,
-        "does not share the storage of " + named(site) +
-            ", of which the schema says it is a view");
-  }
-  if (views_share_version_counter &&
-      needs_shared_version_counter(input, output)) {
-    fail(
-        site,
-        "is a view of " + named(site) +
-            " with a version counter of its own: an in-place change through "
-            "one is invisible to autograd and to caches through the other");
-  }
-}
-
-void audit_write_output(
-    const Site& site,
-    const at::Tensor* argument,
-    const at::Tensor& output) {
-  if (argument == nullptr || !output.is_same(*argument)) {
-    fail(
-        site,
-        "is not " + named(site) +
-            " itself: an in-place or out= op must return the tensor it "
-            "wrote");
-  }
-}
-
-void audit_return(
-    const Site& site,
-    const ReturnAlias& alias,
-    c10::ArrayRef<OpValueRef> args,
-    const OpValueRef& value,
-    bool views_share_version_counter) {
-  const at::Tensor* single = value.is_tensor() ? &value.tensor() : nullptr;
-  const auto outputs = value.is_list()
-      ? value.elements()
-      : c10::ArrayRef<const at::Tensor*>(single != nullptr ? &single : nullptr,
-                                         single != nullptr ? 1 : 0);
-  for (size_t k = 0; k < outputs.size(); ++k) {
-    if (outputs[k] == nullptr || !outputs[k]->defined()) {
-      continue;
-    }
-    const at::Tensor& output = *outputs[k];
-    const Site element_site = value.is_list() ? site.with_element(k) : site;
-    switch (alias.kind) {
-      case ReturnAliasKind::kFresh:
-        audit_fresh_output(element_site, output, args);
-        break;
-      case ReturnAliasKind::kView:
-        audit_view_output(
-            element_site,
-            tensor_argument(element_site, args),
-            output,
-            views_share_version_counter);
-        break;
-      case ReturnAliasKind::kWrite: {
-        const OpValueRef& argument = args[alias.argument];
-        const at::Tensor* expected = nullptr;
-        if (!alias.is_list && argument.is_tensor()) {
-          expected = &argument.tensor();
-        } else if (alias.is_list && argument.is_list() &&
-                   k < argument.elements().size()) {
-          expected = argument.elements()[k];
-        }
-        audit_write_output(element_site, expected, output);
-        break;
-      }
-      case ReturnAliasKind::kUnknown:
-        return;
-    }
-  }
-}
-
-bool has_tensor_inputs(c10::ArrayRef<c10::IValue> args) {
-  for (const c10::IValue& value : args) {
-    if (value.isTensor()) {
-      return true;
-    }
-    if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef()) {
-        if (element.isTensor()) {
-          return true;
-        }
-      }
-    }
-  }
-  return false;
-}
-
-void audit_fallback(
-    const c10::OperatorHandle& op,
-    c10::DispatchKeySet dispatch_keys,
-    torch::jit::Stack* stack) {
-  const c10::DispatchKeySet below = dispatch_keys &
-      c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kAuditKey);
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
-  const c10::ArrayRef<c10::IValue> inputs(
-      stack->data() + stack->size() - num_args, num_args);
-  // See Note [Alias audit] for the skipped ops.
-  if (!has_tensor_inputs(inputs) ||
-      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
-    op.redispatchBoxed(below, stack);
-    return;
-  }
-  // The op pops its arguments; keep them to check the results against.
-  const c10::SmallVector<c10::IValue, 8> args(inputs.begin(), inputs.end());
-  const std::shared_ptr<const SchemaAliasAnalysis> analysis =
-      schema_alias_analysis(op);
-  op.redispatchBoxed(below, stack);
-  const size_t num_rets = schema.returns().size();
-  const c10::ArrayRef<c10::IValue> rets(
-      stack->data() + stack->size() - num_rets, num_rets);
-  try {
-    audit_aliasing(
-        *analysis, args, rets, below.has(c10::DispatchKey::ADInplaceOrView));
-  } catch (const AliasingError& error) {
-    if (AliasingErrorReporter reporter = audit_error_reporter.load()) {
-      reporter(error);
-    }
-    throw;
-  }
-}
-
-} // namespace
-
-void audit_aliasing_borrowed(
-    const SchemaAliasAnalysis& analysis,
-    c10::ArrayRef<OpValueRef> args,
-    c10::ArrayRef<OpValueRef> rets,
-    bool views_share_version_counter) {
-  check_arity(analysis, args.size(), rets.size());
-  const auto& returns = analysis.returns();
-  for (size_t i = 0; i < returns.size(); ++i) {
-    const ReturnAlias& alias = returns[i];
-    if (alias.kind == ReturnAliasKind::kUnknown ||
-        (alias.kind == ReturnAliasKind::kFresh &&
-         returns_alias_by_design(analysis))) {
-      continue;
-    }
-    audit_return(
-        Site{analysis, i, alias.aliased_argument()},
-        alias,
-        args,
-        rets[i],
-        views_share_version_counter);
-  }
-}
-
-void audit_aliasing(
-    const SchemaAliasAnalysis& analysis,
-    c10::ArrayRef<c10::IValue> args,
-    c10::ArrayRef<c10::IValue> rets,
-    bool views_share_version_counter) {
-  const BorrowedIValues arg_refs(args);
-  const BorrowedIValues ret_refs(rets);
-  audit_aliasing_borrowed(
-      analysis, arg_refs.refs(), ret_refs.refs(), views_share_version_counter);
-}
-
-bool set_alias_audit_enabled(bool enabled) {
-  const bool previous = c10::impl::tls_is_dispatch_key_included(kAuditKey);
-  c10::impl::tls_set_dispatch_key_included(kAuditKey, enabled);
-  return previous;
-}
-
-bool is_alias_audit_enabled() {
-  return c10::impl::tls_is_dispatch_key_included(kAuditKey);
-}
-
-void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
-  audit_error_reporter.store(reporter);
-}
-
-namespace {
-
-// Registered when the library loads and never removed, like a
-// TORCH_LIBRARY_IMPL fallback (registered directly: torch/library.h is heavy).
-const bool audit_fallback_registered = [] {
-  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().registerFallback(
-      kAuditKey,
-      c10::KernelFunction::makeFromBoxedFunction<&audit_fallback>(),
-      "aliasguard alias audit (torch/csrc/utils/alias_correction.cpp)"));
-  return true;
-}();
-
-} // namespace
-
-} // namespace torch::utils
+} // namespace aliasguard::utils

@@ -1,194 +1,34 @@
-// Python face of alias correction and the alias audit. What runs once per
-// __torch_dispatch__ (the _CorrectedDispatch wrapper, _correct_aliasing) is
-// plain CPython vectorcall code: pybind11's argument handling alone would
-// cost more than the whole correction of an op without alias annotations.
-
 #include <torch/csrc/utils/python_alias_correction.h>
-#include <torch/csrc/utils/python_c10_errors.h>
 
-#include <ATen/core/operator_name.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/alias_correction.h>
-
-#include <structmember.h>
+#include <torch/csrc/utils/python_aliasing_error.h>
+#include <torch/csrc/utils/python_op_cache.h>
+#include <torch/csrc/utils/python_torch_internals.h>
 
 #include <atomic>
-#include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace py = pybind11;
 
-namespace torch::utils {
+namespace aliasguard::utils {
 namespace {
 
-PyObject* aliasing_error_type = nullptr; // aliasguard.AliasingError
 PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
-PyObject* empty_tuple = nullptr; // the default of a dispatch's `args`
 std::atomic<bool> correction_enabled{true};
-
-// Raises aliasguard.AliasingError (a RuntimeError) carrying the op, the
-// return index and the argument as attributes. Never throws: it runs in
-// exception handlers.
-void set_python_aliasing_error(const AliasingError& error) {
-  PyObject* instance = PyObject_CallFunction(
-      aliasing_error_type, "s", error.what_without_backtrace());
-  if (instance == nullptr) {
-    return; // the failed call set its own error
-  }
-  PyObject* op = PyUnicode_FromString(error.op().c_str());
-  PyObject* return_index = PyLong_FromSize_t(error.return_index());
-  PyObject* argument = error.argument().empty()
-      ? Py_NewRef(Py_None)
-      : PyUnicode_FromString(error.argument().c_str());
-  const bool ok = op != nullptr && return_index != nullptr &&
-      argument != nullptr && PyObject_SetAttrString(instance, "op", op) == 0 &&
-      PyObject_SetAttrString(instance, "return_index", return_index) == 0 &&
-      PyObject_SetAttrString(instance, "argument", argument) == 0;
-  Py_XDECREF(op);
-  Py_XDECREF(return_index);
-  Py_XDECREF(argument);
-  if (ok) {
-    PyErr_SetObject(aliasing_error_type, instance);
-  }
-  Py_DECREF(instance);
-}
-
-// The audit throws from inside the dispatcher, usually under one of torch's
-// own bindings, which would turn a c10::Error into a plain RuntimeError; a
-// python_error carrying our exception is restored as is instead.
-[[noreturn]] void throw_python_aliasing_error(const AliasingError& error) {
-  {
-    py::gil_scoped_acquire gil;
-    set_python_aliasing_error(error);
-  }
-  python_error python_exception;
-  python_exception.persist(); // may cross to the thread that ran backward()
-  throw python_exception;
-}
-
-// Note [Per-OpOverload analysis cache]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Keyed by the OpOverload object itself: a pointer hash, no string work, on
-// the path every op takes. Entries hold a strong reference to their key so
-// the address cannot be reused by another object, and the analysis' argument
-// names as interned Python strings for kwargs lookups. Only touched with the
-// GIL held. When the C++ cache drops an operator (deregistration) its
-// generation changes and we start over. Leaked, like the C++ cache, so that
-// no Py_DECREF runs after interpreter shutdown.
-struct PyOpEntry {
-  py::object func; // keeps the key's address from being reused
-  // nullptr: not a dispatcher operator (a higher-order op, say).
-  std::shared_ptr<const SchemaAliasAnalysis> analysis;
-  std::vector<py::object> argument_names;
-  // Set for ops whose one return is a view of their only tensor argument,
-  // passed positionally at this index: the fast path of correct_result.
-  std::optional<size_t> sole_view_argument;
-};
-
-// A correction can run Python code (a wrapper's Python-customized sizes)
-// that may flush the cache while an entry is in use; flushed entries are
-// kept until no correction is running.
-struct PyOpCache {
-  std::unordered_map<PyObject*, std::unique_ptr<const PyOpEntry>> entries;
-  std::vector<std::unique_ptr<const PyOpEntry>> retired;
-  uint64_t generation = 0;
-  int running = 0; // corrections in progress, re-entrant through Python
-};
-
-PyOpCache& py_op_cache() {
-  static auto* cache = new PyOpCache();
-  return *cache;
-}
-
-// Marks a correction in progress; see PyOpCache.
-struct RunningCorrection {
-  RunningCorrection() {
-    ++py_op_cache().running;
-  }
-  ~RunningCorrection() {
-    PyOpCache& cache = py_op_cache();
-    if (--cache.running == 0 && !cache.retired.empty()) {
-      cache.retired.clear();
-    }
-  }
-  RunningCorrection(const RunningCorrection&) = delete;
-  RunningCorrection& operator=(const RunningCorrection&) = delete;
-};
-
-std::shared_ptr<const SchemaAliasAnalysis> analysis_of_op_overload(
-    PyObject* func) {
-  py::object schema = py::reinterpret_steal<py::object>(
-      PyObject_GetAttrString(func, "_schema"));
-  if (!schema) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  py::object name = py::reinterpret_steal<py::object>(
-      PyObject_GetAttrString(schema.ptr(), "name"));
-  py::object overload = py::reinterpret_steal<py::object>(
-      PyObject_GetAttrString(schema.ptr(), "overload_name"));
-  if (!name || !overload || !PyUnicode_Check(name.ptr()) ||
-      !PyUnicode_Check(overload.ptr())) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  return schema_alias_analysis(c10::OperatorName(
-      name.cast<std::string>(), overload.cast<std::string>()));
-}
-
-// Valid until the end of the outermost RunningCorrection.
-const PyOpEntry& op_entry(PyObject* func) {
-  PyOpCache& cache = py_op_cache();
-  const uint64_t generation = schema_alias_analysis_generation();
-  if (cache.generation != generation) {
-    for (auto& [key, entry] : cache.entries) {
-      cache.retired.push_back(std::move(entry));
-    }
-    cache.entries.clear();
-    cache.generation = generation;
-    if (cache.running == 0) {
-      cache.retired.clear();
-    }
-  }
-  auto it = cache.entries.find(func);
-  if (it != cache.entries.end()) {
-    return *it->second;
-  }
-  auto entry = std::make_unique<PyOpEntry>();
-  entry->func = py::reinterpret_borrow<py::object>(func);
-  entry->analysis = analysis_of_op_overload(func);
-  if (entry->analysis) {
-    for (size_t i = 0; i < entry->analysis->num_arguments(); ++i) {
-      PyObject* name =
-          PyUnicode_FromString(entry->analysis->argument_name(i).c_str());
-      if (name == nullptr) {
-        throw python_error();
-      }
-      PyUnicode_InternInPlace(&name);
-      entry->argument_names.push_back(py::reinterpret_steal<py::object>(name));
-    }
-    const auto& returns = entry->analysis->returns();
-    const auto sole = entry->analysis->sole_tensor_argument();
-    if (returns.size() == 1 && returns[0].kind == ReturnAliasKind::kView &&
-        !returns[0].is_list && sole == returns[0].argument &&
-        !entry->analysis->argument_is_kwarg_only(*sole)) {
-      entry->sole_view_argument = sole;
-    }
-  }
-  return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
-}
 
 bool opted_out(PyObject* owner) {
   PyTypeObject* type = PyType_Check(owner)
       ? reinterpret_cast<PyTypeObject*>(owner)
       : Py_TYPE(owner);
-  PyObject* flag = _PyType_Lookup(type, opt_out_attribute); // borrowed
+  // See Note [Class attribute lookup without descriptors]
+  PyObject* flag = internals::lookup_class_attribute(type, opt_out_attribute);
   if (flag == nullptr || flag == Py_True) {
     return false;
   }
@@ -222,14 +62,6 @@ PyObject* argument_object(
   return value;
 }
 
-// THPVariable_Check without PyObject_IsInstance, whose __instancecheck__
-// lookup allocates a bound method per call: the same answer (TensorBase's
-// metaclass does not customize instance checks) at a fraction of the cost.
-bool is_tensor_object(PyObject* obj) {
-  return PyObject_TypeCheck(
-      obj, reinterpret_cast<PyTypeObject*>(THPVariableClass));
-}
-
 // OpValueRefs over Python objects, without touching any reference count;
 // owns the element arrays of lists. Only tensors matter to aliasing.
 class BorrowedObjects {
@@ -241,7 +73,8 @@ class BorrowedObjects {
     if (PyList_Check(obj) || PyTuple_Check(obj)) {
       return borrow_sequence(obj);
     }
-    if (!PyLong_Check(obj) && is_tensor_object(obj)) { // ints are common
+    if (!PyLong_Check(obj) &&
+        internals::is_tensor_object(obj)) { // ints are common
       return OpValueRef(THPVariable_Unpack(obj));
     }
     return OpValueRef::other(Py_TYPE(obj)->tp_name);
@@ -254,7 +87,8 @@ class BorrowedObjects {
     for (Py_ssize_t i = 0; i < size; ++i) {
       PyObject* item = PySequence_Fast_GET_ITEM(obj, i);
       const bool is_none = item == Py_None;
-      if (!is_none && (PyLong_Check(item) || !is_tensor_object(item))) {
+      if (!is_none &&
+          (PyLong_Check(item) || !internals::is_tensor_object(item))) {
         return OpValueRef::other(Py_TYPE(obj)->tp_name); // e.g. a size list
       }
       if (tensors.empty()) {
@@ -335,9 +169,8 @@ PyObject* correct_result(
   }
   // Write returns come back as the caller's own argument objects.
   const auto handed_back = [&](size_t i) -> PyObject* {
-    PyObject* argument = returns[i].is_write()
-        ? argument_objects[returns[i].argument]
-        : nullptr;
+    PyObject* argument =
+        returns[i].is_write() ? argument_objects[returns[i].argument] : nullptr;
     return argument != nullptr ? argument : outputs[i];
   };
   if (num_returns == 1) {
@@ -381,7 +214,8 @@ bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
     return false;
   }
   PyObject* input = PySequence_Fast_GET_ITEM(args, index);
-  if (!is_tensor_object(input) || !is_tensor_object(out)) {
+  if (!internals::is_tensor_object(input) ||
+      !internals::is_tensor_object(out)) {
     return false;
   }
   correct_view_return(
@@ -401,35 +235,8 @@ void check_args_kwargs(PyObject* args, PyObject* kwargs) {
   }
 }
 
-// Every exception leaves as a Python exception, AliasingError as ours.
-// (torch's HANDLE_TH_ERRORS would also buffer warnings, which costs a few
-// thread-local round trips per call on the hot path and is not needed here.)
-template <typename Body>
-PyObject* translate_errors(Body&& body) {
-  try {
-    return body();
-  } catch (const AliasingError& error) {
-    set_python_aliasing_error(error);
-  } catch (python_error& error) {
-    error.restore();
-  } catch (py::error_already_set& error) {
-    error.restore();
-  } catch (const py::builtin_exception& error) {
-    error.set_error();
-  } catch (torch::PyTorchError& error) {
-    PyErr_SetString(error.python_type(), error.what());
-  } catch (const c10::Error& error) {
-    set_python_error_from_c10(error);
-  } catch (const std::exception& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what());
-  }
-  return nullptr;
-}
+} // namespace
 
-// What a corrected __torch_dispatch__ returns in place of `out` (borrowed),
-// the result of `func(*args, **kwargs)` from the __torch_dispatch__ of
-// `owner` (a class or mode instance: the per-class opt-out is read on it).
-// New reference; nullptr with an exception set.
 PyObject* corrected_result(
     PyObject* owner,
     PyObject* func,
@@ -440,8 +247,8 @@ PyObject* corrected_result(
     return Py_NewRef(out); // the dispatcher will ask someone else
   }
   const bool audit = is_alias_audit_enabled();
-  const bool correct = correction_enabled.load(std::memory_order_relaxed) &&
-      !opted_out(owner);
+  const bool correct =
+      correction_enabled.load(std::memory_order_relaxed) && !opted_out(owner);
   if (!correct && !audit) {
     return Py_NewRef(out);
   }
@@ -461,176 +268,7 @@ PyObject* corrected_result(
   });
 }
 
-// Note [The corrected __torch_dispatch__ wrapper]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What replaces a class's __torch_dispatch__: calls the original, then
-// corrects its result. A C type rather than a Python closure, because a
-// Python frame alone costs about as much as correcting a view. It binds like
-// a function (so it works as a plain method of a mode, and inside
-// classmethod), and has a __dict__ for __wrapped__, __name__ and friends. The
-// original is called with exactly the arguments received; the owner, func,
-// args and kwargs for the correction are read from them by position or by
-// their conventional names. `owner` is set for the staticmethod form, which
-// receives no class.
-struct CorrectedDispatch {
-  PyObject_HEAD
-  PyObject* fn;
-  PyObject* owner; // nullptr: the first argument is the owner
-  PyObject* dict;
-  vectorcallfunc vectorcall;
-};
-
-PyTypeObject CorrectedDispatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-
-// Argument `position` (counting the owner when it is passed), or the keyword
-// `name`, or nullptr.
-PyObject* call_argument(
-    PyObject* const* argv,
-    Py_ssize_t nargs,
-    PyObject* kwnames,
-    Py_ssize_t position,
-    const char* name) {
-  if (position < nargs) {
-    return argv[position];
-  }
-  if (kwnames != nullptr) {
-    const Py_ssize_t count = PyTuple_GET_SIZE(kwnames);
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), name) == 0) {
-        return argv[nargs + i];
-      }
-    }
-  }
-  return nullptr;
-}
-
-PyObject* corrected_dispatch_call(
-    PyObject* callable,
-    PyObject* const* argv,
-    size_t nargsf,
-    PyObject* kwnames) {
-  auto* self = reinterpret_cast<CorrectedDispatch*>(callable);
-  PyObject* out = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
-  if (out == nullptr) {
-    return nullptr;
-  }
-  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  const Py_ssize_t shift = self->owner != nullptr ? 0 : 1;
-  PyObject* owner = self->owner;
-  if (owner == nullptr) {
-    owner = nargs > 0 ? argv[0] : Py_None;
-  }
-  PyObject* func = call_argument(argv, nargs, kwnames, shift, "func");
-  PyObject* args = call_argument(argv, nargs, kwnames, shift + 2, "args");
-  PyObject* kwargs = call_argument(argv, nargs, kwnames, shift + 3, "kwargs");
-  PyObject* result = func == nullptr
-      ? Py_NewRef(out)
-      : corrected_result(
-            owner,
-            func,
-            args != nullptr ? args : empty_tuple,
-            kwargs != nullptr ? kwargs : Py_None,
-            out);
-  Py_DECREF(out);
-  return result;
-}
-
-PyObject* corrected_dispatch_new(
-    PyTypeObject* type,
-    PyObject* args,
-    PyObject* kwargs) {
-  static const char* keywords[] = {"fn", "owner", nullptr};
-  PyObject* fn = nullptr;
-  PyObject* owner = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "O|O:_CorrectedDispatch", const_cast<char**>(keywords), &fn, &owner)) {
-    return nullptr;
-  }
-  if (!PyCallable_Check(fn)) {
-    PyErr_Format(PyExc_TypeError, "_CorrectedDispatch(): fn must be callable, got %s", Py_TYPE(fn)->tp_name);
-    return nullptr;
-  }
-  auto* self = reinterpret_cast<CorrectedDispatch*>(type->tp_alloc(type, 0));
-  if (self == nullptr) {
-    return nullptr;
-  }
-  self->fn = Py_NewRef(fn);
-  self->owner = owner == nullptr || owner == Py_None ? nullptr : Py_NewRef(owner);
-  self->dict = nullptr;
-  self->vectorcall = corrected_dispatch_call;
-  return reinterpret_cast<PyObject*>(self);
-}
-
-int corrected_dispatch_traverse(PyObject* obj, visitproc visit, void* arg) {
-  auto* self = reinterpret_cast<CorrectedDispatch*>(obj);
-  Py_VISIT(self->fn);
-  Py_VISIT(self->owner);
-  Py_VISIT(self->dict);
-  return 0;
-}
-
-int corrected_dispatch_clear(PyObject* obj) {
-  auto* self = reinterpret_cast<CorrectedDispatch*>(obj);
-  Py_CLEAR(self->fn);
-  Py_CLEAR(self->owner);
-  Py_CLEAR(self->dict);
-  return 0;
-}
-
-void corrected_dispatch_dealloc(PyObject* obj) {
-  PyObject_GC_UnTrack(obj);
-  corrected_dispatch_clear(obj);
-  Py_TYPE(obj)->tp_free(obj);
-}
-
-// Binds like a function: a method of its instance, itself on the class.
-PyObject* corrected_dispatch_get(PyObject* self, PyObject* obj, PyObject* /*type*/) {
-  if (obj == nullptr || obj == Py_None) {
-    return Py_NewRef(self);
-  }
-  return PyMethod_New(self, obj);
-}
-
-PyObject* corrected_dispatch_repr(PyObject* obj) {
-  auto* self = reinterpret_cast<CorrectedDispatch*>(obj);
-  return PyUnicode_FromFormat("<alias-corrected %R>", self->fn);
-}
-
-PyMemberDef corrected_dispatch_members[] = {
-    {"__aliasguard_wrapped__", T_OBJECT, offsetof(CorrectedDispatch, fn), READONLY,
-     "the __torch_dispatch__ whose results are corrected"},
-    {"__aliasguard_owner__", T_OBJECT, offsetof(CorrectedDispatch, owner), READONLY,
-     "the class of a staticmethod __torch_dispatch__, else None"},
-    {nullptr, 0, 0, 0, nullptr}};
-
-PyGetSetDef corrected_dispatch_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
-
-void init_corrected_dispatch_type() {
-  PyTypeObject& type = CorrectedDispatchType;
-  type.tp_name = "aliasguard._C._CorrectedDispatch";
-  type.tp_basicsize = sizeof(CorrectedDispatch);
-  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-      Py_TPFLAGS_METHOD_DESCRIPTOR;
-  type.tp_doc =
-      "_CorrectedDispatch(fn, owner=None): calls fn, then corrects the "
-      "aliasing of its result (see aliasguard.correct_aliasing).";
-  type.tp_new = corrected_dispatch_new;
-  type.tp_dealloc = corrected_dispatch_dealloc;
-  type.tp_traverse = corrected_dispatch_traverse;
-  type.tp_clear = corrected_dispatch_clear;
-  type.tp_call = PyVectorcall_Call;
-  type.tp_vectorcall_offset = offsetof(CorrectedDispatch, vectorcall);
-  type.tp_descr_get = corrected_dispatch_get;
-  type.tp_repr = corrected_dispatch_repr;
-  type.tp_dictoffset = offsetof(CorrectedDispatch, dict);
-  type.tp_members = corrected_dispatch_members;
-  type.tp_getset = corrected_dispatch_getset;
-  if (PyType_Ready(&type) < 0) {
-    throw python_error();
-  }
-}
+namespace {
 
 // _correct_aliasing(func, args, kwargs, out): the explicit call; corrects
 // whatever the global switch says.
@@ -641,7 +279,8 @@ PyObject* explicit_correct_aliasing(
   if (argc != 4) {
     PyErr_Format(
         PyExc_TypeError,
-        "correct_aliasing() takes 4 arguments (func, args, kwargs, out), got %zd",
+        "correct_aliasing() takes 4 arguments (func, args, kwargs, out), got "
+        "%zd",
         argc);
     return nullptr;
   }
@@ -674,82 +313,22 @@ PyMethodDef hot_methods[] = {
      "_correct_aliasing(func, args, kwargs, out) -> out, corrected"},
     {nullptr, nullptr, 0, nullptr}};
 
-// (kind, argument index or None, argument name or None, is_list) per return.
-py::list schema_alias_info(const std::string& name, const std::string& overload) {
-  const auto analysis =
-      schema_alias_analysis(c10::OperatorName(name, overload));
-  if (!analysis) {
-    throw py::value_error(
-        "_schema_alias_info(): no operator " + name +
-        (overload.empty() ? std::string() : "." + overload) +
-        " is registered");
-  }
-  py::list result;
-  for (const ReturnAlias& alias : analysis->returns()) {
-    py::object argument = py::none();
-    py::object argument_name = py::none();
-    if (alias.aliases_argument()) {
-      argument = py::int_(alias.argument);
-      argument_name = py::str(analysis->argument_name(alias.argument));
-    }
-    result.append(py::make_tuple(
-        return_alias_kind_name(alias.kind), argument, argument_name, alias.is_list));
-  }
-  return result;
-}
-
-void translate_aliasing_error(std::exception_ptr error) {
-  try {
-    if (error) {
-      std::rethrow_exception(error);
-    }
-  } catch (const AliasingError& e) {
-    set_python_aliasing_error(e);
-  }
-}
-
 } // namespace
 
-void init_alias_correction_bindings(pybind11::module& m) {
-  aliasing_error_type = PyErr_NewExceptionWithDoc(
-      "aliasguard.AliasingError",
-      "An op's outputs do not alias its inputs the way its schema says, and "
-      "cannot be made to. Attributes: op, return_index, argument.",
-      PyExc_RuntimeError,
-      nullptr);
-  if (aliasing_error_type == nullptr) {
-    throw python_error();
-  }
-  m.add_object("AliasingError", py::handle(aliasing_error_type));
+void init_alias_correction_bindings(py::module& m) {
   opt_out_attribute = PyUnicode_InternFromString("__aliasguard_fixup__");
-  empty_tuple = PyTuple_New(0);
-  if (opt_out_attribute == nullptr || empty_tuple == nullptr ||
+  if (opt_out_attribute == nullptr ||
       PyModule_AddFunctions(m.ptr(), hot_methods) != 0) {
     throw python_error();
   }
-  init_corrected_dispatch_type();
-  m.add_object(
-      "_CorrectedDispatch",
-      py::handle(reinterpret_cast<PyObject*>(&CorrectedDispatchType)));
-  // Registered after the module's own c10::Error translator, so tried first.
-  py::register_local_exception_translator(&translate_aliasing_error);
-  set_alias_audit_error_reporter(&throw_python_aliasing_error);
-
   m.def(
       "_set_alias_correction",
       [](bool enabled) { return correction_enabled.exchange(enabled); },
       py::arg("enabled"));
-  m.def("_is_alias_correction_enabled", [] {
-    return correction_enabled.load();
-  });
   m.def(
-      "_set_alias_audit", &set_alias_audit_enabled, py::arg("enabled"));
+      "_is_alias_correction_enabled", [] { return correction_enabled.load(); });
+  m.def("_set_alias_audit", &set_alias_audit_enabled, py::arg("enabled"));
   m.def("_is_alias_audit_enabled", &is_alias_audit_enabled);
-  m.def(
-      "_schema_alias_info",
-      &schema_alias_info,
-      py::arg("name"),
-      py::arg("overload") = "");
 }
 
-} // namespace torch::utils
+} // namespace aliasguard::utils

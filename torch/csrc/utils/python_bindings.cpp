@@ -4,19 +4,23 @@
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/mark_as_view.h>
-#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/python_selective_checkpoint.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/track_views.h>
-#include <torch/csrc/utils/python_alias_correction.h>
-#include <torch/csrc/utils/python_c10_errors.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_aliasing_error.h>
+#include <torch/csrc/utils/python_corrected_dispatch.h>
+#include <torch/csrc/utils/python_schema_alias_analysis.h>
+#include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/torch_internals.h>
 
 #include <memory>
 #include <string>
 
 namespace py = pybind11;
 
-namespace torch::utils {
+namespace aliasguard::utils {
 namespace {
 
 const at::Tensor& unpack_tensor(
@@ -41,8 +45,8 @@ autograd::ViewReplayFn wrap_view_fn(py::object view_fn) {
       });
   return [holder](const at::Tensor& base) -> at::Tensor {
     py::gil_scoped_acquire gil;
-    py::object result = (*holder)(py::reinterpret_steal<py::object>(
-        THPVariable_Wrap(base)));
+    py::object result =
+        (*holder)(py::reinterpret_steal<py::object>(THPVariable_Wrap(base)));
     if (!THPVariable_Check(result.ptr())) {
       throw py::type_error(
           std::string("mark_as_view(): view_fn must return a Tensor, got ") +
@@ -87,23 +91,23 @@ py::object mark_as_view(
   return tensor;
 }
 
-void translate_c10_error(std::exception_ptr error) {
-  try {
-    if (error) {
-      std::rethrow_exception(error);
-    }
-  } catch (const c10::Error& e) {
-    set_python_error_from_c10(e);
+// Both self-tests: see aliasguard/_torch_internals.py.
+std::vector<std::string> torch_internals_self_test() {
+  std::vector<std::string> problems = internals::torch_internals_self_test();
+  for (std::string& problem : internals::python_torch_internals_self_test()) {
+    problems.push_back(std::move(problem));
   }
+  return problems;
 }
 
 } // namespace
-} // namespace torch::utils
+} // namespace aliasguard::utils
 
 PYBIND11_MODULE(_C, m) {
-  using namespace torch;
+  using namespace aliasguard;
   m.doc() = "aliasguard C++ core";
-  py::register_local_exception_translator(&utils::translate_c10_error);
+  // First: every binding below throws through its translator.
+  utils::init_aliasing_error(m);
 
   m.def(
       "_mark_as_view",
@@ -120,7 +124,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "shares_version_counter",
       [](py::handle a, py::handle b) {
-        return c10::shares_version_counter(
+        return shares_version_counter(
             *utils::unpack_tensor(a, "shares_version_counter", "a")
                  .unsafeGetTensorImpl(),
             *utils::unpack_tensor(b, "shares_version_counter", "b")
@@ -136,6 +140,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("was_excluded"));
   m.def("_is_view_tracking_enabled", &autograd::is_view_tracking_enabled);
 
+  m.def("_torch_internals_self_test", &utils::torch_internals_self_test);
+
   utils::init_alias_correction_bindings(m);
-  aliasguard::init_selective_checkpoint_bindings(m);
+  utils::init_corrected_dispatch(m);
+  utils::init_schema_alias_analysis_bindings(m);
+  autograd::init_selective_checkpoint_bindings(m);
 }

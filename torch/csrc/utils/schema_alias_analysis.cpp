@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
-namespace torch::utils {
+namespace aliasguard::utils {
 namespace {
 
 enum class TensorShape : uint8_t { kNone, kTensor, kTensorList };
@@ -51,6 +51,22 @@ const c10::AliasInfo* effective_alias_info(const c10::AliasInfo* info) {
   return nullptr;
 }
 
+// `Tensor(a!)`, or a list whose elements are written (`Tensor(a!)[]`).
+bool annotation_writes(const c10::AliasInfo* info) {
+  if (info == nullptr) {
+    return false;
+  }
+  if (info->isWrite()) {
+    return true;
+  }
+  for (const auto& contained : info->containedTypes()) {
+    if (contained.isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool argument_in_set(const c10::Argument& argument, c10::Symbol set) {
   const c10::AliasInfo* info = argument.alias_info();
   if (info == nullptr) {
@@ -71,6 +87,8 @@ ReturnAlias classify_return(
     const c10::FunctionSchema& schema,
     const c10::Argument& ret) {
   ReturnAlias result;
+  result.annotated = ret.alias_info() != nullptr;
+  result.annotated_write = annotation_writes(ret.alias_info());
   const TensorShape shape = tensor_shape_of(ret.type());
   const c10::AliasInfo* info = effective_alias_info(ret.alias_info());
   if (info == nullptr) {
@@ -107,8 +125,8 @@ ReturnAlias classify_return(
   const bool is_write = info->isWrite();
   // Pairings with a meaning: a view of one tensor (or a list of views of
   // it), or the written argument returned as is (tensor or list).
-  const bool meaningful = is_write ? (is_list == argument_is_list)
-                                   : !argument_is_list;
+  const bool meaningful =
+      is_write ? (is_list == argument_is_list) : !argument_is_list;
   if (!meaningful) {
     return result;
   }
@@ -166,7 +184,9 @@ class AnalysisCache final : public c10::OpRegistrationListener {
 
  private:
   std::shared_mutex mutex_;
-  std::unordered_map<c10::OperatorName, std::shared_ptr<const SchemaAliasAnalysis>>
+  std::unordered_map<
+      c10::OperatorName,
+      std::shared_ptr<const SchemaAliasAnalysis>>
       entries_;
   std::atomic<uint64_t> generation_{0};
 };
@@ -202,12 +222,16 @@ const char* return_alias_kind_name(ReturnAliasKind kind) {
 }
 
 SchemaAliasAnalysis::SchemaAliasAnalysis(const c10::FunctionSchema& schema)
-    : op_name_(qualified_op_name(schema)), schema_string_(c10::toString(schema)) {
+    : op_name_(qualified_op_name(schema)),
+      schema_string_(c10::toString(schema)) {
   arguments_.reserve(schema.arguments().size());
   size_t tensor_arguments = 0;
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const c10::Argument& argument = schema.arguments()[i];
-    arguments_.push_back({argument.name(), argument.kwarg_only()});
+    arguments_.push_back(
+        {argument.name(),
+         argument.kwarg_only(),
+         annotation_writes(argument.alias_info())});
     const TensorShape shape = tensor_shape_of(argument.type());
     if (shape != TensorShape::kNone) {
       ++tensor_arguments;
@@ -255,4 +279,4 @@ uint64_t schema_alias_analysis_generation() {
   return analysis_cache().generation();
 }
 
-} // namespace torch::utils
+} // namespace aliasguard::utils

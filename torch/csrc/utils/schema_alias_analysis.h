@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/macros/AliasguardExport.h>
+
 namespace c10 {
 struct FunctionSchema;
 struct OperatorName;
@@ -17,7 +19,7 @@ class OperatorHandle;
 // once per operator from the alias annotations. See
 // Note [Return alias kinds].
 
-namespace torch::utils {
+namespace aliasguard::utils {
 
 // Note [Return alias kinds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -39,7 +41,7 @@ enum class ReturnAliasKind : uint8_t {
   kUnknown, // may alias something the schema does not pin down
 };
 
-const char* return_alias_kind_name(ReturnAliasKind kind);
+ALIASGUARD_API const char* return_alias_kind_name(ReturnAliasKind kind);
 
 struct ReturnAlias {
   ReturnAliasKind kind = ReturnAliasKind::kFresh;
@@ -48,6 +50,10 @@ struct ReturnAlias {
   // The return is a list of tensors (each element aliases the argument for
   // a view, or is the matching element of the argument list for a write).
   bool is_list = false;
+  // The schema annotates the return at all (it may alias an argument), and
+  // the annotation marks a write; kept for every kind, kUnknown included.
+  bool annotated = false;
+  bool annotated_write = false;
 
   bool aliases_argument() const {
     return kind == ReturnAliasKind::kView || kind == ReturnAliasKind::kWrite;
@@ -60,7 +66,7 @@ struct ReturnAlias {
   }
 };
 
-class SchemaAliasAnalysis {
+class ALIASGUARD_API SchemaAliasAnalysis {
  public:
   explicit SchemaAliasAnalysis(const c10::FunctionSchema& schema);
 
@@ -84,6 +90,10 @@ class SchemaAliasAnalysis {
   bool argument_is_kwarg_only(size_t index) const {
     return arguments_.at(index).kwarg_only;
   }
+  // The op writes the argument (`Tensor(a!)`, `Tensor(a!)[]`).
+  bool argument_is_written(size_t index) const {
+    return arguments_.at(index).written;
+  }
   // True when some return is a view of, or is, an argument: the only ops
   // alias correction has anything to do for.
   bool has_aliasing_returns() const {
@@ -106,6 +116,7 @@ class SchemaAliasAnalysis {
   struct ArgumentInfo {
     std::string name;
     bool kwarg_only = false;
+    bool written = false;
   };
 
   std::string op_name_;
@@ -119,16 +130,16 @@ class SchemaAliasAnalysis {
 
 // The analysis of a registered operator, computed on first use and cached
 // (thread-safe) until the operator's schema is deregistered.
-std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
+ALIASGUARD_API std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
     const c10::OperatorHandle& op);
 
 // Same, looked up by name; nullptr when no such operator has a schema.
-std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
+ALIASGUARD_API std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
     const c10::OperatorName& name);
 
 // Bumped whenever a cached analysis is dropped because its operator was
 // deregistered. Caches keyed by something other than the operator name (the
 // Python bindings key by OpOverload object) flush when it changes.
-uint64_t schema_alias_analysis_generation();
+ALIASGUARD_API uint64_t schema_alias_analysis_generation();
 
-} // namespace torch::utils
+} // namespace aliasguard::utils

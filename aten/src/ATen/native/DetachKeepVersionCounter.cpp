@@ -2,7 +2,7 @@
 
 #include <torch/library.h>
 
-namespace at::native {
+namespace aliasguard::native {
 
 // Note [Detach below autograd keeps the version counter]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -32,8 +32,8 @@ at::Tensor detach_keep_version_counter(const at::Tensor& self) {
 
 namespace {
 
-#define ALIASGUARD_REGISTER_DETACH(BACKEND)             \
-  TORCH_LIBRARY_IMPL(aten, BACKEND, m) {                \
+#define ALIASGUARD_REGISTER_DETACH(BACKEND)                  \
+  TORCH_LIBRARY_IMPL(aten, BACKEND, m) {                     \
     m.impl("detach", TORCH_FN(detach_keep_version_counter)); \
   }
 
@@ -46,4 +46,4 @@ ALIASGUARD_REGISTER_DETACH(MPS)
 #undef ALIASGUARD_REGISTER_DETACH
 
 } // namespace
-} // namespace at::native
+} // namespace aliasguard::native

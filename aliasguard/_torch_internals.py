@@ -1,0 +1,304 @@
+"""The one place where aliasguard's Python code reaches torch's private APIs.
+
+Every private torch name the package uses is bound here, each with a Note on
+why it is needed and what upstream would offer instead, and :func:`self_test`
+runs when the module is first imported: if a torch release renamed, removed or
+changed one of them, ``import aliasguard`` fails with an :class:`ImportError`
+naming the internal, instead of misbehaving later. The C++ counterpart is
+``torch/csrc/utils/torch_internals.h`` (and ``python_torch_internals.h`` for
+the CPython side); its self-test runs from here too.
+
+Other modules import the names below from this module, never from torch's
+private modules directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+__all__ = [
+    "INFRASTRUCTURE_CLASSES",
+    "INFRASTRUCTURE_MODULE_PREFIXES",
+    "TorchDispatchMode",
+    "checkpoint_error_type",
+    "current_user_saved_tensors_hooks",
+    "disabled_torch_dispatch_impl",
+    "has_kernel_for_dispatch_key",
+    "has_ordered_effects",
+    "is_aot_tracing",
+    "is_alias_of",
+    "is_tracing_infrastructure",
+    "sac_cached_mode_type",
+    "sac_caching_mode_type",
+    "sac_ignored_ops",
+    "self_test",
+    "top_saved_tensors_hooks",
+]
+
+# Note [TorchDispatchMode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.utils._python_dispatch is private by name but is the documented home
+# of TorchDispatchMode, the base class of every dispatch mode; alias
+# correction hooks its __init_subclass__. Upstream: a public re-export
+# (torch.utils.python_dispatch) would do.
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+# Note [Disabled __torch_dispatch__ sentinel]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A class that sets `__torch_dispatch__ = torch._C._disabled_torch_dispatch_impl`
+# opts out of Python dispatch (torch.Tensor itself does); there is nothing to
+# correct and wrapping it would turn the sentinel into a real dispatch.
+# Upstream: a public predicate "does this class define __torch_dispatch__".
+disabled_torch_dispatch_impl: Any = getattr(torch._C, "_disabled_torch_dispatch_impl", None)
+
+# Note [Tracing infrastructure is not corrected]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Tracing infrastructure implements aliasing on its own terms (fake tensors
+# keep meta storage behind a fake device, functionalization removes aliasing,
+# proxy tracing records ops), and torch.compile depends on its exact outputs:
+# FakeTensorMode answers aten::lift_fresh of a real tensor with a fake one,
+# which must not be given the real tensor's storage. torch has no flag that
+# marks such modes, so they are recognised by the module that defines them.
+# Selective checkpointing's recompute mode answers ops, views included, with
+# tensors cached in the forward pass: by design they alias the forward's
+# inputs, not the recomputed ones. Upstream: a class attribute (say
+# `_is_infra_mode`, which some modes already carry) on every such mode.
+INFRASTRUCTURE_MODULE_PREFIXES: Tuple[str, ...] = (
+    "torch._subclasses.",
+    "torch._functorch.",
+    "torch._dynamo.",
+    "torch._inductor.",
+    "torch._export.",
+    "torch.export.",
+    "torch._higher_order_ops.",
+    "torch._prims",
+    "torch.fx.",
+)
+INFRASTRUCTURE_CLASSES = frozenset({"torch.utils.checkpoint._CachedTorchDispatchMode"})
+
+# Classes the prefixes above must keep matching: if torch moves one, the
+# self-test says so rather than letting correction rewrite its results.
+_INFRASTRUCTURE_SAMPLES = (
+    "torch._subclasses.fake_tensor.FakeTensorMode",
+    "torch._subclasses.functional_tensor.FunctionalTensorMode",
+    "torch.fx.experimental.proxy_tensor.ProxyTorchDispatchMode",
+)
+
+
+def is_tracing_infrastructure(cls: type) -> bool:
+    """Whether ``cls`` is one of torch's tracing modes/subclasses (see the Note above)."""
+    module = getattr(cls, "__module__", "") or ""
+    return module.startswith(INFRASTRUCTURE_MODULE_PREFIXES) or (
+        f"{module}.{cls.__qualname__}" in INFRASTRUCTURE_CLASSES
+    )
+
+
+# Note [Selective checkpointing internals]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# aliasguard.checkpoint mirrors torch's selective checkpointing and must agree
+# with it on which ops neither mode counts (SAC_IGNORED_OPS: the forward and
+# the recompute run different numbers of them) and raise the error type
+# torch's own recompute raises (CheckpointError), so that callers catching
+# torch's error catch ours. Upstream: both are public in spirit (documented in
+# torch.utils.checkpoint's docstrings) but not in __all__.
+def sac_ignored_ops() -> frozenset[Any]:
+    """Ops torch's selective checkpointing neither caches nor counts."""
+    import torch.utils.checkpoint as checkpoint
+
+    return frozenset(checkpoint.SAC_IGNORED_OPS)
+
+
+def checkpoint_error_type() -> type:
+    """``torch.utils.checkpoint.CheckpointError``."""
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint.CheckpointError
+
+
+# Note [Selective checkpointing modes, hooks and effects]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# aliasguard.checkpoint follows the running torch's SAC (see
+# aliasguard/_torch_sac_semantics.py), which needs:
+# * torch's two SAC mode classes: ours derive from them, because torch's
+#   checkpoint() hands options (respect_saved_tensors_hooks, 2.14 on) only to
+#   an instance of its caching mode;
+# * the saved-tensors hooks in force: the innermost pair
+#   (torch._C._autograd._top_saved_tensors_default_hooks, read per cached op
+#   to skip the rest when there are none), and the user's pair behind
+#   checkpoint's own (torch.utils.checkpoint._current_user_saved_tensors_hooks,
+#   2.14 on; None before, when SAC never routes its cache through hooks);
+# * whether AOTAutograd is tracing (torch.utils.checkpoint._is_compiling):
+#   then the contexts must be torch's own;
+# * whether an op has an ordered side effect
+#   (torch._higher_order_ops.effects.has_effects).
+# Upstream: the SAC modes would take the options as constructor arguments,
+# and the hooks/effects queries are public in spirit (torch.autograd.graph,
+# torch.library) but not exported.
+def sac_caching_mode_type() -> type:
+    """``torch.utils.checkpoint._CachingTorchDispatchMode``."""
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint._CachingTorchDispatchMode
+
+
+def sac_cached_mode_type() -> type:
+    """``torch.utils.checkpoint._CachedTorchDispatchMode``."""
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint._CachedTorchDispatchMode
+
+
+def top_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[..., Any]]]:
+    """The innermost saved-tensors hooks (checkpoint's own included), or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def current_user_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[..., Any]]]:
+    """The user's hooks behind checkpoint's own; None when none, or torch predates the notion."""
+    import torch.utils.checkpoint as checkpoint
+
+    finder = getattr(checkpoint, "_current_user_saved_tensors_hooks", None)
+    return None if finder is None else finder()
+
+
+def is_aot_tracing() -> bool:
+    """Whether AOTAutograd (torch.compile) or export is tracing right now."""
+    import torch.utils.checkpoint as checkpoint
+
+    return bool(checkpoint._is_compiling(None, (), {}))
+
+
+def has_ordered_effects(op: Any) -> bool:
+    """Whether ``op`` has an ordered side effect registered (``aten._print``, ...)."""
+    from torch._higher_order_ops.effects import has_effects
+
+    try:
+        return bool(has_effects(op))
+    except Exception:  # an op torch's effect registry cannot name
+        return False
+
+
+# Note [Storage alias test]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch._C._is_alias_of(a, b) answers "do a and b share a storage" without
+# touching a wrapper subclass's storage() (which raises). Upstream: a public
+# Tensor.is_alias_of (it exists in C++ as at::Tensor::is_alias_of).
+def is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share a storage."""
+    return bool(torch._C._is_alias_of(a, b))  # type: ignore[attr-defined]
+
+
+# Note [Dispatcher introspection]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The demo shows that detach's CPU kernel is ours; torch exposes the
+# dispatcher's tables only through torch._C. Upstream: torch.library
+# introspection (torch.library has no "has kernel for key" query).
+def has_kernel_for_dispatch_key(op_name: str, key: str) -> bool:
+    """Whether the dispatcher has a kernel for ``op_name`` registered at ``key``."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, key))
+
+
+def _resolve(dotted: str) -> Any:
+    """The object named ``pkg.module.Attr``; raises if any part is missing."""
+    module_name, _, attribute = dotted.rpartition(".")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _check_python_internals() -> List[str]:
+    problems: List[str] = []
+
+    def expect(name: str, ok: Callable[[], bool], why: str) -> None:
+        try:
+            passed = ok()
+        except Exception as error:  # a missing module or attribute
+            problems.append(f"{name}: {type(error).__name__}: {error}")
+            return
+        if not passed:
+            problems.append(f"{name}: {why}")
+
+    expect(
+        "torch._C._disabled_torch_dispatch_impl",
+        lambda: callable(torch._C._disabled_torch_dispatch_impl)
+        and torch.Tensor.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl,
+        "is no longer torch.Tensor's __torch_dispatch__ sentinel",
+    )
+    expect(
+        "torch.utils._python_dispatch.TorchDispatchMode",
+        lambda: isinstance(_resolve("torch.utils._python_dispatch.TorchDispatchMode"), type),
+        "is not a class",
+    )
+    def recognised(dotted: str) -> Callable[[], bool]:
+        return lambda: isinstance(_resolve(dotted), type) and is_tracing_infrastructure(_resolve(dotted))
+
+    for dotted in sorted(INFRASTRUCTURE_CLASSES) + list(_INFRASTRUCTURE_SAMPLES):
+        expect(dotted, recognised(dotted), "is not recognised as tracing infrastructure any more")
+    expect(
+        "torch.utils.checkpoint.SAC_IGNORED_OPS",
+        lambda: torch.ops.aten.detach.default in sac_ignored_ops(),
+        "no longer lists aten.detach.default",
+    )
+    expect(
+        "torch.utils.checkpoint.CheckpointError",
+        lambda: issubclass(checkpoint_error_type(), RuntimeError),
+        "is not a RuntimeError",
+    )
+    expect(
+        "torch.utils.checkpoint._CachingTorchDispatchMode",
+        lambda: issubclass(sac_caching_mode_type(), TorchDispatchMode),
+        "is not a TorchDispatchMode",
+    )
+    expect(
+        "torch.utils.checkpoint._CachedTorchDispatchMode",
+        lambda: issubclass(sac_cached_mode_type(), TorchDispatchMode),
+        "is not a TorchDispatchMode",
+    )
+    expect(
+        "torch._C._autograd._top_saved_tensors_default_hooks",
+        lambda: top_saved_tensors_hooks() is None,
+        "reports hooks where none are set",
+    )
+    expect(
+        "torch.utils.checkpoint._is_compiling",
+        lambda: is_aot_tracing() is False,
+        "says eager code is being traced",
+    )
+    expect(
+        "torch._higher_order_ops.effects.has_effects",
+        lambda: has_ordered_effects(torch.ops.aten._linalg_check_errors.default)
+        and not has_ordered_effects(torch.ops.aten.mm.default),
+        "no longer knows aten._linalg_check_errors as effectful",
+    )
+    expect(
+        "torch._C._is_alias_of",
+        lambda: (lambda t: is_alias_of(t, t[:1]) and not is_alias_of(t, t.clone()))(torch.ones(2)),
+        "does not tell a view from a copy",
+    )
+    expect(
+        "torch._C._dispatch_has_kernel_for_dispatch_key",
+        lambda: has_kernel_for_dispatch_key("aten::add.Tensor", "CPU")
+        and not has_kernel_for_dispatch_key("aten::add.Tensor", "TESTING_ONLY_GenericMode"),
+        "gives wrong answers for aten::add.Tensor",
+    )
+    return problems
+
+
+def _check_cpp_internals() -> List[str]:
+    from aliasguard import _C
+
+    return list(_C._torch_internals_self_test())
+
+
+def self_test(extra: Optional[List[str]] = None) -> None:
+    """Check every torch internal aliasguard relies on; ImportError naming each that changed."""
+    problems = _check_python_internals() + _check_cpp_internals() + list(extra or [])
+    if problems:
+        raise ImportError(
+            f"aliasguard cannot run on torch {torch.__version__}: torch internals it "
+            "relies on have changed:\n  " + "\n  ".join(problems)
+        )
+
+
+self_test()

@@ -1,0 +1,84 @@
+"""The import-time self-test of the torch internals aliasguard relies on."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import aliasguard  # noqa: F401
+from aliasguard import _C, _torch_internals
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_every_internal_holds_on_this_torch():
+    assert _C._torch_internals_self_test() == []
+    _torch_internals.self_test()  # raises nothing
+
+
+def test_a_problem_becomes_an_import_error_naming_it():
+    with pytest.raises(ImportError, match=r"torch internals it relies on have changed:\n  torch\._C\._foo: gone"):
+        _torch_internals.self_test(extra=["torch._C._foo: gone"])
+
+
+# Each case breaks one internal before `import aliasguard`, in a fresh process.
+BROKEN = {
+    "torch.utils.checkpoint._CachedTorchDispatchMode": (
+        "import torch.utils.checkpoint as c; del c._CachedTorchDispatchMode"
+    ),
+    "torch.utils.checkpoint._CachingTorchDispatchMode": (
+        "import torch.utils.checkpoint as c; del c._CachingTorchDispatchMode"
+    ),
+    "torch.utils.checkpoint._is_compiling": "import torch.utils.checkpoint as c; c._is_compiling = lambda *a: True",
+    "torch._higher_order_ops.effects.has_effects": (
+        "import torch._higher_order_ops.effects as e; e.has_effects = lambda op: False"
+    ),
+    "torch._C._disabled_torch_dispatch_impl": "torch._C._disabled_torch_dispatch_impl = lambda *a: None",
+    "torch.utils.checkpoint.SAC_IGNORED_OPS": "import torch.utils.checkpoint as c; c.SAC_IGNORED_OPS = set()",
+    "torch._C._is_alias_of": "torch._C._is_alias_of = lambda a, b: True",
+    "torch._subclasses.fake_tensor.FakeTensorMode": (
+        "import torch._subclasses.fake_tensor as f; f.FakeTensorMode.__module__ = 'elsewhere'"
+    ),
+    "torch._ops.OpOverload._schema": (
+        "import torch._ops as o; o.OpOverload._schema = property(lambda self: None)"
+    ),
+}
+
+
+@pytest.mark.parametrize("internal", sorted(BROKEN))
+def test_a_changed_internal_fails_the_import_naming_it(internal):
+    result = run_python(
+        f"""
+        import torch
+        {BROKEN[internal]}
+        try:
+            import aliasguard
+        except ImportError as error:
+            print("ImportError:", error)
+        else:
+            print("imported")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ImportError: aliasguard cannot run on torch" in result.stdout, result.stdout
+    assert internal in result.stdout, result.stdout
+
+
+def test_tracing_infrastructure_is_recognised_and_user_modes_are_not():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    class UserMode(TorchDispatchMode):
+        pass
+
+    assert _torch_internals.is_tracing_infrastructure(FakeTensorMode)
+    assert _torch_internals.is_tracing_infrastructure(FunctionalTensorMode)
+    assert not _torch_internals.is_tracing_infrastructure(UserMode)
+    assert not _torch_internals.is_tracing_infrastructure(torch.Tensor)

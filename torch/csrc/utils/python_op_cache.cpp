@@ -1,0 +1,92 @@
+#include <torch/csrc/utils/python_op_cache.h>
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/python_torch_internals.h>
+
+#include <unordered_map>
+#include <utility>
+
+namespace py = pybind11;
+
+namespace aliasguard::utils {
+
+// Note [Per-OpOverload analysis cache]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Keyed by the OpOverload object itself: a pointer hash, no string work, on
+// the path every op takes. Entries hold a strong reference to their key so
+// the address cannot be reused by another object, and the analysis' argument
+// names as interned Python strings for kwargs lookups. Only touched with the
+// GIL held. When the C++ cache drops an operator (deregistration) its
+// generation changes and we start over. Leaked, like the C++ cache, so that
+// no Py_DECREF runs after interpreter shutdown.
+namespace {
+
+struct PyOpCache {
+  std::unordered_map<PyObject*, std::unique_ptr<const PyOpEntry>> entries;
+  std::vector<std::unique_ptr<const PyOpEntry>> retired;
+  uint64_t generation = 0;
+  int running = 0; // corrections in progress, re-entrant through Python
+};
+
+PyOpCache& py_op_cache() {
+  static auto* cache = new PyOpCache();
+  return *cache;
+}
+
+} // namespace
+
+RunningCorrection::RunningCorrection() {
+  ++py_op_cache().running;
+}
+
+RunningCorrection::~RunningCorrection() {
+  PyOpCache& cache = py_op_cache();
+  if (--cache.running == 0 && !cache.retired.empty()) {
+    cache.retired.clear();
+  }
+}
+
+const PyOpEntry& op_entry(PyObject* func) {
+  PyOpCache& cache = py_op_cache();
+  const uint64_t generation = schema_alias_analysis_generation();
+  if (cache.generation != generation) {
+    for (auto& [key, entry] : cache.entries) {
+      cache.retired.push_back(std::move(entry));
+    }
+    cache.entries.clear();
+    cache.generation = generation;
+    if (cache.running == 0) {
+      cache.retired.clear();
+    }
+  }
+  auto it = cache.entries.find(func);
+  if (it != cache.entries.end()) {
+    return *it->second;
+  }
+  auto entry = std::make_unique<PyOpEntry>();
+  entry->func = py::reinterpret_borrow<py::object>(func);
+  if (const auto name = internals::operator_name_of(func)) {
+    entry->analysis = schema_alias_analysis(*name);
+  }
+  if (entry->analysis) {
+    for (size_t i = 0; i < entry->analysis->num_arguments(); ++i) {
+      PyObject* name =
+          PyUnicode_FromString(entry->analysis->argument_name(i).c_str());
+      if (name == nullptr) {
+        throw python_error();
+      }
+      PyUnicode_InternInPlace(&name);
+      entry->argument_names.push_back(py::reinterpret_steal<py::object>(name));
+    }
+    const auto& returns = entry->analysis->returns();
+    const auto sole = entry->analysis->sole_tensor_argument();
+    if (returns.size() == 1 && returns[0].kind == ReturnAliasKind::kView &&
+        !returns[0].is_list && sole == returns[0].argument &&
+        !entry->analysis->argument_is_kwarg_only(*sole)) {
+      entry->sole_view_argument = sole;
+    }
+  }
+  return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
+}
+
+} // namespace aliasguard::utils

@@ -1,0 +1,118 @@
+#include <torch/csrc/utils/torch_internals.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
+
+namespace aliasguard::internals {
+
+// See Note [Autograd view internals]
+void make_differentiable_view_in_place(
+    const at::Tensor& base,
+    const at::Tensor& tensor,
+    bool is_bw_differentiable,
+    bool is_fw_differentiable,
+    std::unique_ptr<torch::autograd::ViewFunc> view_func,
+    torch::autograd::CreationMeta creation_meta) {
+  const at::Tensor marked = torch::autograd::as_view(
+      base,
+      tensor,
+      is_bw_differentiable,
+      is_fw_differentiable,
+      std::move(view_func),
+      /*rev_view_func=*/nullptr,
+      creation_meta);
+  TORCH_INTERNAL_ASSERT(marked.is_same(tensor));
+}
+
+void mark_view_grad_fn_stale(const at::Tensor& tensor) {
+  auto* view_meta = torch::autograd::impl::get_view_autograd_meta(tensor);
+  if (view_meta != nullptr && view_meta->has_bw_view()) {
+    view_meta->set_attr_version(static_cast<uint32_t>(tensor._version()) - 1u);
+  }
+}
+
+namespace {
+
+void check_version_counter_identity(std::vector<std::string>& problems) {
+  const char* name =
+      "c10::VariableVersion layout (Note [Version counter identity])";
+  const at::Tensor a = at::zeros({1});
+  const at::Tensor b = at::zeros({1});
+  const auto& va = a.unsafeGetTensorImpl()->version_counter();
+  const auto& vb = b.unsafeGetTensorImpl()->version_counter();
+  if (version_counter_identity(va) == nullptr ||
+      version_counter_identity(va) == version_counter_identity(vb)) {
+    problems.push_back(
+        std::string(name) + ": two fresh counters are not told apart");
+    return;
+  }
+  // A copy of a VariableVersion shares its counter: same identity.
+  const c10::VariableVersion copy =
+      va; // NOLINT(performance-unnecessary-copy-initialization)
+  if (version_counter_identity(copy) != version_counter_identity(va)) {
+    problems.push_back(
+        std::string(name) + ": a copied counter has another identity");
+  }
+}
+
+void check_audit_key(std::vector<std::string>& problems) {
+  // It must be a functionality key above autograd, so that the audit sees
+  // what ADInplaceOrView made of an op's result.
+  if (!(kAuditDispatchKey > c10::DispatchKey::AutogradFunctionality &&
+        kAuditDispatchKey < c10::DispatchKey::EndOfFunctionalityKeys)) {
+    problems.push_back(
+        "c10::DispatchKey::TESTING_ONLY_GenericMode (Note [The audit's "
+        "dispatch key]): is no longer a functionality key above autograd");
+  }
+}
+
+// The attr_version trick must make autograd build an as_strided grad_fn.
+void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
+  if (c10::InferenceMode::is_enabled()) {
+    return; // no autograd to check (imported under inference_mode)
+  }
+  const c10::AutoGradMode grad_mode(true);
+  try {
+    const at::Tensor base = at::ones({4}).set_requires_grad(true);
+    at::Tensor alias;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      alias = base.view({2, 2});
+    }
+    make_differentiable_view_in_place(
+        base,
+        alias,
+        /*is_bw_differentiable=*/true,
+        /*is_fw_differentiable=*/true,
+        nullptr,
+        torch::autograd::CreationMeta::DEFAULT);
+    mark_view_grad_fn_stale(alias);
+    const auto grad_fn = alias.grad_fn();
+    if (grad_fn == nullptr ||
+        grad_fn->name().find("AsStrided") == std::string::npos) {
+      problems.push_back(
+          "torch::autograd::as_view / ViewInfo attr_version (Note [Autograd "
+          "view internals]): a marked view's grad_fn is not rebuilt from its "
+          "base");
+    }
+  } catch (const std::exception& error) {
+    problems.push_back(
+        std::string(
+            "torch::autograd::as_view (Note [Autograd view internals]): ") +
+        error.what());
+  }
+}
+
+} // namespace
+
+std::vector<std::string> torch_internals_self_test() {
+  std::vector<std::string> problems;
+  check_version_counter_identity(problems);
+  check_audit_key(problems);
+  check_view_grad_fn_rebuild(problems);
+  return problems;
+}
+
+} // namespace aliasguard::internals

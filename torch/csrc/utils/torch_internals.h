@@ -1,0 +1,80 @@
+#pragma once
+
+#include <c10/core/DispatchKey.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/macros/AliasguardExport.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+// The one place where aliasguard's C++ reaches torch internals that are not
+// part of any API torch promises to keep: each with a Note on why it is
+// needed and what upstream would offer instead. torch_internals_self_test()
+// checks at import (aliasguard/_torch_internals.py) that each still holds.
+// The CPython-side internals are in python_torch_internals.h.
+
+namespace aliasguard::internals {
+
+// Note [Version counter identity]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Two tensors are in the same alias group for autograd when their
+// VariableVersion objects point at the same VersionCounter. c10 exposes no
+// accessor for that pointer (upstream would add one to VariableVersion, e.g.
+// `const void* VariableVersion::identity() const`), so we read the object's
+// representation: VariableVersion is exactly one intrusive_ptr, which is
+// exactly one raw pointer. The static_asserts turn a layout change into a
+// compile error; the self-test catches a library built against other headers
+// than the torch it runs with. A disabled counter (inference tensors) is null
+// and shares with nothing.
+inline const void* version_counter_identity(
+    const c10::VariableVersion& version) {
+  static_assert(sizeof(c10::VariableVersion) == sizeof(void*));
+  static_assert(alignof(c10::VariableVersion) == alignof(void*));
+  const void* identity = nullptr;
+  std::memcpy(&identity, &version, sizeof(identity));
+  return identity;
+}
+
+// Note [The audit's dispatch key]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The alias audit needs a dispatch key above autograd that it can enable per
+// thread (see Note [Alias audit]). A stock build has no free key there, so we
+// borrow TESTING_ONLY_GenericMode, which stock PyTorch registers nothing for
+// and uses only in its own tests. Upstream: a dedicated key (an in-tree patch
+// would add one next to the other functionality keys).
+constexpr c10::DispatchKey kAuditDispatchKey =
+    c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+// Note [Autograd view internals]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// mark_as_view (see Note [Marking a tensor as a view]) does what a view op's
+// ADInplaceOrView kernel does, with the same internal functions:
+// torch::autograd::as_view (VariableTypeUtils.h, a header torch generates its
+// kernels against, not an API), and the view metadata's attr_version, which
+// it sets one behind the counter so that autograd rebuilds the view's grad_fn
+// on first use. Upstream: a public `torch::autograd::mark_as_view` (the
+// point of this project) would make both unnecessary.
+
+// as_view(base, tensor, ...) for a tensor that has no autograd metadata yet:
+// installs a DifferentiableViewMeta on `tensor` itself.
+ALIASGUARD_API void make_differentiable_view_in_place(
+    const at::Tensor& base,
+    const at::Tensor& tensor,
+    bool is_bw_differentiable,
+    bool is_fw_differentiable,
+    std::unique_ptr<torch::autograd::ViewFunc> view_func,
+    torch::autograd::CreationMeta creation_meta);
+
+// Makes autograd rebuild the grad_fn of backward-differentiable view
+// `tensor` from its base the next time it is read.
+ALIASGUARD_API void mark_view_grad_fn_stale(const at::Tensor& tensor);
+
+// Every torch internal above checked against the torch this process runs:
+// one line per internal that no longer behaves as relied on, naming it;
+// empty when all hold.
+ALIASGUARD_API std::vector<std::string> torch_internals_self_test();
+
+} // namespace aliasguard::internals
