@@ -15,7 +15,7 @@ private modules directly.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -34,6 +34,7 @@ __all__ = [
     "sac_cached_mode_type",
     "sac_caching_mode_type",
     "sac_ignored_ops",
+    "sac_probe_saves",
     "self_test",
     "top_saved_tensors_hooks",
 ]
@@ -181,6 +182,29 @@ def has_ordered_effects(op: Any) -> bool:
         return False
 
 
+# Note [Probing torch's SAC decision]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Whether torch's SAC keeps an op's output is decided by its caching mode and
+# recorded in the storage it shares with the recompute mode:
+# `storage[func][index]` is the sentinel `torch.utils.checkpoint._RECOMPUTE`
+# when the op will run again, a wrapped output when it is kept. Running one
+# op under that mode alone, with every other mode stashed
+# (torch.utils._python_dispatch._disable_current_modes) and no autograd
+# involved, reads torch's decision without a checkpoint (whose first call
+# would import torch._dynamo) and without disturbing an enclosing one.
+# Upstream: a public "what would SAC do with this op and policy" query.
+def sac_probe_saves(policy_fn: Callable[..., Any], op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether torch's own SAC forward mode keeps ``op``'s output under ``policy_fn``."""
+    import torch.utils.checkpoint as checkpoint
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    forward, _ = checkpoint.create_selective_checkpoint_contexts(policy_fn)
+    with _disable_current_modes(), forward:
+        op(*args, **kwargs)
+    slots = forward.storage[op]
+    return slots[0] is not checkpoint._RECOMPUTE
+
+
 # Note [Storage alias test]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
 # torch._C._is_alias_of(a, b) answers "do a and b share a storage" without
@@ -270,6 +294,16 @@ def _check_python_internals() -> List[str]:
         lambda: has_ordered_effects(torch.ops.aten._linalg_check_errors.default)
         and not has_ordered_effects(torch.ops.aten.mm.default),
         "no longer knows aten._linalg_check_errors as effectful",
+    )
+    # Structure only: running an op under torch's SAC mode imports
+    # torch._dynamo (seconds), which import must not pay; the probe itself
+    # runs on first use of aliasguard.checkpoint, after torch's checkpoint
+    # has imported it anyway.
+    expect(
+        "torch.utils.checkpoint._RECOMPUTE",
+        lambda: hasattr(sac_caching_mode_type()(None, {}), "storage")
+        and hasattr(importlib.import_module("torch.utils.checkpoint"), "_RECOMPUTE"),
+        "is gone, or torch's SAC forward mode keeps no storage",
     )
     expect(
         "torch._C._is_alias_of",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Callable, FrozenSet, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
@@ -68,39 +68,18 @@ _NON_SAVING_POLICIES = (
 )
 
 
-def _torch_sac_replays_effect(policy: CheckpointPolicy) -> bool:
-    """Run an effectful op under torch's own SAC with ``policy``; True if the recompute ran it again.
+def _torch_sac_keeps_effectful_op(policy: CheckpointPolicy) -> bool:
+    """Whether torch's own SAC keeps an op with an ordered side effect under ``policy``.
 
     ``aten._linalg_check_errors`` is registered with an ordered effect by
-    every supported torch and does nothing for an all-zero ``info``. A mode
-    entered outside the checkpoint sees every call the SAC modes let through.
+    every supported torch and does nothing for an all-zero ``info``. See
+    Note [Probing torch's SAC decision] in _torch_internals.py.
     """
     op = torch.ops.aten._linalg_check_errors.default
-    calls = 0
-
-    class CountCalls(_internals.TorchDispatchMode):
-        __aliasguard_fixup__ = False
-
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Optional[Dict[str, Any]] = None
-        ) -> Any:
-            nonlocal calls
-            if func is op:
-                calls += 1
-            return func(*args, **(kwargs or {}))
-
-    def region(x: torch.Tensor) -> torch.Tensor:
-        op(torch.zeros((), dtype=torch.int32), "aliasguard probe", is_matrix=False)
-        return x.sin()
-
-    context_fn = functools.partial(
-        _torch_checkpoint.create_selective_checkpoint_contexts, lambda ctx, func, *a, **k: policy
+    info = torch.zeros((), dtype=torch.int32)
+    return _internals.sac_probe_saves(
+        lambda ctx, func, *args, **kwargs: policy, op, (info, "aliasguard probe"), {"is_matrix": False}
     )
-    x = torch.zeros(1, requires_grad=True)
-    with CountCalls():
-        out = _torch_checkpoint.checkpoint(region, x, use_reentrant=False, context_fn=context_fn)
-        out.sum().backward()
-    return calls > 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,7 +89,7 @@ def policies_overridden_for_effects() -> FrozenSet[CheckpointPolicy]:
     Empty for torch 2.13 and 2.14 (their SAC replays such ops in the
     recompute); later releases keep them so the effect happens once.
     """
-    return frozenset(policy for policy in _NON_SAVING_POLICIES if not _torch_sac_replays_effect(policy))
+    return frozenset(policy for policy in _NON_SAVING_POLICIES if _torch_sac_keeps_effectful_op(policy))
 
 
 def is_tracing_for_compile() -> bool:

@@ -386,11 +386,6 @@ _CachingMode.__torch_dispatch__ = _C._sac_forward_dispatch
 _CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch
 
 
-# Find out, once and before any user mode can be active, how the running
-# torch's SAC treats ops with side effects (a short run of torch's own SAC).
-_semantics.policies_overridden_for_effects()
-
-
 # ---------------------------------------------------------------------------
 # Public API.
 

@@ -852,3 +852,20 @@ def test_dispatch_called_with_bad_arguments_raises_type_error(call, message, whi
     with pytest.raises(TypeError, match=message):
         call(mode, x)
     assert torch.equal(x, torch.ones(2)) and x._version == 0
+
+
+def test_import_under_no_grad_runs_no_checkpoint_and_imports_no_dynamo():
+    # What the running torch's SAC does with effectful ops is probed on first
+    # use (see _torch_sac_semantics), not at import: importing must work under
+    # no_grad and must not pay for torch._dynamo.
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "with torch.no_grad():\n"
+        "    import aliasguard.checkpoint\n"
+        "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no dynamo"
