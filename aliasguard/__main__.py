@@ -1,14 +1,17 @@
 """`python -m aliasguard`: show what the core patch fixes, case by case.
 
-Runs the reproduction from DESIGN.md: a tensor saved inside
-``__torch_dispatch__`` shares memory with an op's output; the output is then
-mutated in place. Stock PyTorch gives the saved tensor its own version counter,
-so the mutation goes unseen; each aliasguard fix makes it visible. Exits
-non-zero if any fixed case fails.
+First runs the upstream issue's own script, as written: a mode saves
+``out.view_as(out)`` inside ``__torch_dispatch__``, then the output and the
+saved view are mutated in turn. Stock PyTorch prints ``True False / False
+True`` (each mutation unseen by the other tensor); with aliasguard imported it
+prints ``True True / True True``. Then the reproduction from DESIGN.md with
+each explicit fix. Exits non-zero if any fixed case fails.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from typing import Any, Callable
 
@@ -19,6 +22,50 @@ from aliasguard import _torch_internals
 from aliasguard._torch_internals import TorchDispatchMode
 
 SaveFn = Callable[[torch.Tensor], torch.Tensor]
+
+# The reproduction posted upstream, verbatim (its imports are provided by
+# _run_seed_script).
+SEED_SCRIPT = """\
+saved_b = None
+
+class SaveATensorMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        global saved_b
+        kwargs = {} if kwargs is None else kwargs
+        out = func(*args, **kwargs)
+        if func == torch.ops.aten.sin.default:
+          saved_b = out.view_as(out)
+        return out
+
+a = torch.tensor(1.)
+with SaveATensorMode():
+    b = torch.sin(a)
+
+assert b.data_ptr() == saved_b.data_ptr()
+
+old_b_version = b._version
+old_saved_b_version = saved_b._version
+b.mul_(2)
+
+print(b._version > old_b_version)  # True
+print(saved_b._version > old_saved_b_version)  # False
+
+old_b_version = b._version
+old_saved_b_version = saved_b._version
+saved_b.mul_(2)
+
+print(b._version > old_b_version)  # False
+print(saved_b._version > old_saved_b_version)  # True
+"""
+
+
+def _run_seed_script() -> str:
+    """Runs SEED_SCRIPT; returns its four printed lines as "a b / c d"."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(SEED_SCRIPT, {"torch": torch, "TorchDispatchMode": TorchDispatchMode})
+    a, b, c, d = output.getvalue().split()
+    return f"{a} {b} / {c} {d}"
 
 
 def _stock_view(out: torch.Tensor) -> torch.Tensor:
@@ -38,11 +85,14 @@ def _track_views(out: torch.Tensor) -> torch.Tensor:
         return out.view_as(out)
 
 
-def _mutation_seen(save: SaveFn) -> tuple[int, int, bool]:
-    """Saves sin's output with `save` inside a mode, then mutates the output."""
+def _mutation_seen(save: SaveFn, track: bool) -> tuple[int, int, bool]:
+    """Saves sin's output with `save` inside a mode, then mutates the output.
+    `track=False` opts the mode out of automatic tracking."""
     saved: list[torch.Tensor] = []
 
     class SaveMode(TorchDispatchMode):
+        __aliasguard_track_views__ = track
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             if func is torch.ops.aten.sin.default:
@@ -64,6 +114,8 @@ def _active_features() -> list[str]:
         features.append("detach keeps the version counter below autograd (F1)")
     if getattr(torch, "mark_as_view", None) is aliasguard.mark_as_view:
         features.append("torch.mark_as_view (F3)")
+    if aliasguard.is_view_tracking_enabled():
+        features.append("views made in every __torch_dispatch__ are tracked (issue 9)")
     features.append("aliasguard.track_views() (F2)")
     for name, label in (
         ("correct_aliasing", "alias correction after __torch_dispatch__ (F4)"),
@@ -80,22 +132,33 @@ def main() -> int:
     for feature in _active_features():
         print(f"  - {feature}")
     print()
+    print("The upstream issue's script, unchanged (b.mul_(2), then saved_b.mul_(2)):")
+    previous = aliasguard.set_view_tracking(False)
+    try:
+        stock = _run_seed_script()
+    finally:
+        aliasguard.set_view_tracking(previous)
+    fixed = _run_seed_script()
+    failures = 0 if fixed == "True True / True True" else 1
+    print(f"  {'stock (aliasguard.set_view_tracking(False))':<46} {stock}")
+    print(f"  {'import aliasguard':<46} {fixed}  {'OK' if not failures else 'FAIL'}")
+    print()
     print("A tensor saved inside __torch_dispatch__, then the op's output is mutated:")
-    cases: list[tuple[str, SaveFn, bool]] = [
-        ("stock: out.view_as(out)", _stock_view, False),
-        ("fixed: out.detach()", _detach, True),
-        ("fixed: torch.mark_as_view(alias, out)", _mark_as_view, True),
-        ("fixed: with track_views(): out.view_as(out)", _track_views, True),
+    cases: list[tuple[str, SaveFn, bool, bool]] = [
+        ("automatic: out.view_as(out)", _stock_view, True, True),
+        ("opted out: out.view_as(out)", _stock_view, False, False),
+        ("opted out, fixed: out.detach()", _detach, True, False),
+        ("opted out, fixed: torch.mark_as_view(alias, out)", _mark_as_view, True, False),
+        ("opted out, fixed: with track_views(): ...", _track_views, True, False),
     ]
-    failures = 0
-    for label, save, is_fix in cases:
-        before, after, seen = _mutation_seen(save)
+    for label, save, is_fix, track in cases:
+        before, after, seen = _mutation_seen(save, track)
         if is_fix:
             status = "OK" if seen else "FAIL"
             failures += not seen
         else:
             status = "mutation missed (the bug)" if not seen else "mutation seen"
-        print(f"  {label:<46} version {before} -> {after}  {status}")
+        print(f"  {label:<50} version {before} -> {after}  {status}")
     print()
     print("all fixed cases OK" if failures == 0 else f"{failures} fixed case(s) FAILED")
     return 1 if failures else 0

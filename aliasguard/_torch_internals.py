@@ -65,7 +65,13 @@ disabled_torch_dispatch_impl: Any = getattr(torch._C, "_disabled_torch_dispatch_
 # marks such modes, so they are recognised by the module that defines them.
 # Selective checkpointing's recompute mode answers ops, views included, with
 # tensors cached in the forward pass: by design they alias the forward's
-# inputs, not the recomputed ones. Upstream: a class attribute (say
+# inputs, not the recomputed ones. Its caching mode is left alone with it: the
+# pair answers a recomputed in-place op with the cached tensor, which
+# autograd's ADInplaceOrView kernel ignores (it returns the argument), and only
+# the cache's version check, tuned to stock's counts inside the caching body,
+# turns that into an error; tracked counts (automatic view tracking, issue 9)
+# would turn it into silently wrong gradients. aliasguard.checkpoint
+# recomputes in-place ops instead. Upstream: a class attribute (say
 # `_is_infra_mode`, which some modes already carry) on every such mode.
 INFRASTRUCTURE_MODULE_PREFIXES: Tuple[str, ...] = (
     "torch._subclasses.",
@@ -78,7 +84,12 @@ INFRASTRUCTURE_MODULE_PREFIXES: Tuple[str, ...] = (
     "torch._prims",
     "torch.fx.",
 )
-INFRASTRUCTURE_CLASSES = frozenset({"torch.utils.checkpoint._CachedTorchDispatchMode"})
+INFRASTRUCTURE_CLASSES = frozenset(
+    {
+        "torch.utils.checkpoint._CachedTorchDispatchMode",
+        "torch.utils.checkpoint._CachingTorchDispatchMode",
+    }
+)
 
 # Classes the prefixes above must keep matching: if torch moves one, the
 # self-test says so rather than letting correction rewrite its results.

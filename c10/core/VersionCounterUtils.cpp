@@ -27,4 +27,20 @@ void share_version_counter(c10::TensorImpl& dst, const c10::TensorImpl& src) {
   dst.set_version_counter(src.version_counter());
 }
 
+void WrittenVersions::rewind() {
+  for (auto& [counter, version] : entries_) {
+    if (counter.current_version() > version) {
+      counter.set_version(version);
+    }
+  }
+}
+
+void WrittenVersions::bump_unmoved() {
+  for (auto& [counter, version] : entries_) {
+    if (counter.current_version() == version) {
+      counter.bump();
+    }
+  }
+}
+
 } // namespace aliasguard

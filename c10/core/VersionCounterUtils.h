@@ -3,6 +3,10 @@
 #include <ATen/core/TensorBase.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/macros/AliasguardExport.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <utility>
 
 // Version-counter helpers that an in-tree patch would add to
 // c10/core/TensorImpl.h. See Note [Version counter identity] in
@@ -38,5 +42,31 @@ inline bool shares_no_version_counter(
   return has_version_counter(in) && has_version_counter(out) &&
       !shares_version_counter(in, out);
 }
+
+// Remembers the versions of the counters of some tensors an op writes, then
+// settles them once the code below autograd that ran the op returned. See
+// Note [One bump per write through __torch_dispatch__] for the one user.
+class WrittenVersions {
+ public:
+  // Tensors without a counter (inference tensors) are skipped.
+  void remember(const c10::TensorImpl& impl) {
+    const c10::VariableVersion& counter = impl.version_counter();
+    if (counter.enabled()) {
+      entries_.emplace_back(counter, counter.current_version());
+    }
+  }
+  bool empty() const {
+    return entries_.empty();
+  }
+  // Sets each counter back to its remembered version if it moved forward:
+  // a bump that is coming from above will count the write.
+  ALIASGUARD_API void rewind();
+  // Bumps each counter that did not move: no bump is coming from above, and
+  // the write must be counted.
+  ALIASGUARD_API void bump_unmoved();
+
+ private:
+  c10::SmallVector<std::pair<c10::VariableVersion, uint32_t>, 2> entries_;
+};
 
 } // namespace aliasguard

@@ -8,7 +8,15 @@ import aliasguard
 from aliasguard import _C, shares_version_counter, track_views
 
 
-class ViewAsMode(TorchDispatchMode):
+class UntrackedMode(TorchDispatchMode):
+    """A mode opted out of automatic tracking (issue 9): its body runs with
+    ADInplaceOrView excluded, as in stock PyTorch, which is where
+    track_views() matters."""
+
+    __aliasguard_track_views__ = False
+
+
+class ViewAsMode(UntrackedMode):
     def __init__(self, tracked):
         super().__init__()
         self.tracked = tracked
@@ -25,7 +33,7 @@ class ViewAsMode(TorchDispatchMode):
         return out
 
 
-def test_untracked_view_misses_mutation():
+def test_untracked_view_misses_mutation_in_an_opted_out_mode():
     mode = ViewAsMode(tracked=False)
     with mode:
         b = torch.sin(torch.tensor(1.0))
@@ -50,7 +58,7 @@ def test_tracked_view_is_a_real_view():
 def test_inplace_ops_bump_counters_inside():
     seen = {}
 
-    class InplaceMode(TorchDispatchMode):
+    class InplaceMode(UntrackedMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if func is torch.ops.aten.cos.default:
@@ -78,7 +86,7 @@ def test_nesting_and_decorator():
             states.append(_C._is_view_tracking_enabled())
         states.append(_C._is_view_tracking_enabled())
 
-    class Mode(TorchDispatchMode):
+    class Mode(UntrackedMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten.sin.default:
                 states.append(_C._is_view_tracking_enabled())
@@ -95,7 +103,7 @@ def test_nesting_and_decorator():
 def test_exception_restores_state():
     observed = []
 
-    class Mode(TorchDispatchMode):
+    class Mode(UntrackedMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten.sin.default:
                 with pytest.raises(ValueError):

@@ -4,6 +4,7 @@
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/storage_alias.h>
+#include <torch/csrc/utils/torch_internals.h>
 
 #include <optional>
 #include <string>
@@ -45,6 +46,44 @@ namespace aliasguard::utils {
 // when either side has no storage (sparse): those outputs only get the
 // counter, as as_view would give them.
 
+// Note [Views returned from below autograd]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The question left open upstream: what should the ADInplaceOrView kernel of
+// a view op do when the code below it (a __torch_dispatch__ that tracks views,
+// see Note [Tracked __torch_dispatch__ bodies]) already returns a view, with
+// autograd view metadata? Stock's as_view refuses it ("Attempted to make a
+// tensor into a differentiable view, but the tensor already had autograd
+// metadata"). Our answer: the kernel above has the final word, because it
+// alone sees the op as autograd does (grad mode, creation meta, forward AD,
+// the op's own view_fn). So the metadata made below is checked, then dropped,
+// and the kernel marks the tensor afresh (CorrectionOptions::
+// outer_kernel_marks_views says it will):
+//   * a view made below autograd (no grad_fn: one made above belongs to a
+//     graph and keeps its metadata, so stock's error stays) whose version
+//     counter is its input's is a view of the input's
+//     alias group: dropping its metadata keeps storage, geometry and counter,
+//     and the kernel makes it a view of the input again, with the same _base.
+//     It stays the same tensor object, so a body that kept the view it
+//     returned (a cache) holds the marked view, not a stale twin; a fresh
+//     alias would have left the cache holding a view the kernel never saw;
+//   * a view whose counter is another tensor's is a view of something other
+//     than the op's input: no marking can make it both, so it is an
+//     AliasingError, raised before anything changed (plan, then apply);
+//   * a wrapper output (placeholder storage) built in a tracked body may
+//     require grad only because its inner tensors are now real views of inner
+//     tensors that require grad (TwoTensor copies requires_grad from them).
+//     A leaf flag and nothing else (no grad, grad_fn or hook) is dropped: the
+//     kernel derives requires_grad from the input, as stock does where the
+//     inner views were plain aliases.
+// An input with placeholder storage carries its aliasing in its inner
+// tensors, so a real view of some inner buffer (a nested tensor's unbind)
+// cannot be checked against it and is only re-marked. Ops without an
+// ADInplaceOrView kernel are no view ops for autograd: nothing marks their
+// returns, so their metadata stays, and a Tensor(a) return that is a copy
+// (to, contiguous, reshape: CompositeImplicitAutograd ops that copy when they
+// must, reached only from below autograd) is left alone
+// (CorrectionOptions::view_may_be_a_copy).
+
 namespace {
 
 using autograd::has_placeholder_storage;
@@ -78,7 +117,40 @@ struct ViewFix {
   const c10::TensorImpl* input;
   bool alias_storage;
   bool share_version_counter;
+  bool drop_autograd_meta;
 };
+
+// Whether `output`'s autograd metadata must go before the outer
+// ADInplaceOrView kernel marks it; throws when it is a view of some other
+// tensor. See Note [Views returned from below autograd].
+bool plan_drop_autograd_meta(
+    const AliasSite& site,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    const CorrectionOptions& options) {
+  if (!options.outer_kernel_marks_views) {
+    return false;
+  }
+  switch (internals::autograd_meta_kind(output)) {
+    case internals::AutogradMetaKind::kNone:
+    case internals::AutogradMetaKind::kOther:
+      return false;
+    case internals::AutogradMetaKind::kBareRequiresGradLeaf:
+      return options.tracked && has_placeholder_storage(output);
+    case internals::AutogradMetaKind::kView:
+      break;
+  }
+  if (!has_placeholder_storage(input) &&
+      shares_no_version_counter(input, output)) {
+    throw_aliasing_error(
+        site,
+        "is a view of another tensor, not of " + site.argument_name() +
+            ": it carries autograd view metadata and that tensor's version "
+            "counter (did __torch_dispatch__ return a view of something other "
+            "than the op's input?)");
+  }
+  return true;
+}
 
 struct Restride {
   c10::TensorImpl* argument;
@@ -97,11 +169,14 @@ std::optional<ViewFix> plan_view_output(
     const AliasSite& site,
     const at::Tensor& input,
     const at::Tensor& output,
-    c10::ArrayRef<OpValueRef> args) {
+    c10::ArrayRef<OpValueRef> args,
+    const CorrectionOptions& options) {
   if (output.is_same(input)) {
     return std::nullopt;
   }
   check_not_other_argument(site, output, args);
+  const bool drop_autograd_meta =
+      plan_drop_autograd_meta(site, input, output, options);
   bool alias_storage = false;
   const bool input_has_storage = input.has_storage();
   const bool output_is_placeholder = has_placeholder_storage(output);
@@ -118,6 +193,9 @@ std::optional<ViewFix> plan_view_output(
             site.argument_name());
     alias_storage = true;
   } else if (has_real_storage(output) && has_real_storage(input)) {
+    if (!same_storage && options.view_may_be_a_copy) {
+      return std::nullopt; // a copy, legitimately
+    }
     if (!same_storage) {
       throw_aliasing_error(
           site,
@@ -127,14 +205,15 @@ std::optional<ViewFix> plan_view_output(
     }
   }
   const bool share = shares_no_version_counter(input, output);
-  if (!alias_storage && !share) {
+  if (!alias_storage && !share && !drop_autograd_meta) {
     return std::nullopt;
   }
   return ViewFix{
       output.unsafeGetTensorImpl(),
       input.unsafeGetTensorImpl(),
       alias_storage,
-      share};
+      share,
+      drop_autograd_meta};
 }
 
 void apply(const ViewFix& fix) {
@@ -143,6 +222,9 @@ void apply(const ViewFix& fix) {
   }
   if (fix.share_version_counter) {
     share_version_counter(*fix.output, *fix.input);
+  }
+  if (fix.drop_autograd_meta) {
+    fix.output->set_autograd_meta(nullptr);
   }
 }
 
@@ -204,6 +286,7 @@ void plan_view_return(
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool is_list,
+    const CorrectionOptions& options,
     Plan& plan) {
   if (!is_list) {
     if (value.is_none()) {
@@ -214,7 +297,7 @@ void plan_view_return(
           site, "is " + value.describe() + ", but the schema returns a Tensor");
     }
     if (auto fix = plan_view_output(
-            site, tensor_argument(site, args), value.tensor(), args)) {
+            site, tensor_argument(site, args), value.tensor(), args, options)) {
       plan.view_fixes.push_back(*fix);
     }
     return;
@@ -230,7 +313,7 @@ void plan_view_return(
   for (size_t k = 0; k < elements.size(); ++k) {
     if (elements[k] != nullptr && elements[k]->defined()) {
       if (auto fix = plan_view_output(
-              site.with_element(k), input, *elements[k], args)) {
+              site.with_element(k), input, *elements[k], args, options)) {
         plan.view_fixes.push_back(*fix);
       }
     }
@@ -303,7 +386,8 @@ void apply(const Plan& plan) {
 void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
-    c10::ArrayRef<OpValueRef> rets) {
+    c10::ArrayRef<OpValueRef> rets,
+    const CorrectionOptions& options) {
   check_arity(analysis, args.size(), rets.size());
   if (!analysis.has_aliasing_returns()) {
     return;
@@ -314,7 +398,7 @@ void correct_aliasing_borrowed(
     const ReturnAlias& alias = returns[i];
     const AliasSite site{analysis, i, alias.argument};
     if (alias.kind == ReturnAliasKind::kView) {
-      plan_view_return(site, args, rets[i], alias.is_list, plan);
+      plan_view_return(site, args, rets[i], alias.is_list, options, plan);
     } else if (alias.kind == ReturnAliasKind::kWrite) {
       plan_write_return(site, args, rets[i], alias.is_list, plan);
     }
@@ -326,7 +410,8 @@ void correct_view_return(
     const SchemaAliasAnalysis& analysis,
     size_t return_index,
     const at::Tensor& input,
-    const at::Tensor& output) {
+    const at::Tensor& output,
+    const CorrectionOptions& options) {
   const ReturnAlias& alias = analysis.returns().at(return_index);
   TORCH_CHECK(
       alias.kind == ReturnAliasKind::kView && !alias.is_list &&
@@ -342,7 +427,8 @@ void correct_view_return(
           AliasSite{analysis, return_index, alias.argument},
           input,
           output,
-          {})) {
+          {},
+          options)) {
     apply(*fix);
   }
 }

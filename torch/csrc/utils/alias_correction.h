@@ -17,6 +17,27 @@
 
 namespace aliasguard::utils {
 
+// What the caller knows about where the result goes. See
+// Note [Views returned from below autograd].
+struct CorrectionOptions {
+  // An ADInplaceOrView kernel above the caller will mark each view return as
+  // a view of its input (as_view), which refuses a tensor that already has
+  // autograd metadata: such metadata is checked, then dropped.
+  bool outer_kernel_marks_views = false;
+  // The code that produced the result ran with ADInplaceOrView re-enabled
+  // (Note [Tracked __torch_dispatch__ bodies]): a wrapper output may then
+  // require grad only because it was built from a real view of an inner
+  // tensor that requires grad; that flag is dropped too.
+  bool tracked = false;
+  // The op is no view op for autograd (no ADInplaceOrView kernel): a
+  // CompositeImplicitAutograd op whose schema says Tensor(a) but which
+  // returns a copy when it must (to, contiguous, reshape). Such ops reach a
+  // __torch_dispatch__ only from below autograd (a forward-AD formula, a
+  // tracked body); a real output with memory of its own is then left alone
+  // instead of being an error.
+  bool view_may_be_a_copy = false;
+};
+
 // Alias correction of one op's result, on borrowed values. `args` are the
 // op's arguments in schema order (all of them), `rets` its returns. For every
 // view return, a wrapper output with placeholder storage is given its
@@ -30,7 +51,8 @@ namespace aliasguard::utils {
 ALIASGUARD_API void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
-    c10::ArrayRef<OpValueRef> rets);
+    c10::ArrayRef<OpValueRef> rets,
+    const CorrectionOptions& options = {});
 
 // The same for one view return (`return_index`, not a list) of an op whose
 // only tensor argument is `input` (analysis.sole_tensor_argument()): the
@@ -39,7 +61,8 @@ ALIASGUARD_API void correct_view_return(
     const SchemaAliasAnalysis& analysis,
     size_t return_index,
     const at::Tensor& input,
-    const at::Tensor& output);
+    const at::Tensor& output,
+    const CorrectionOptions& options = {});
 
 // Boxed form, for C++ callers holding a stack: same, and write returns in
 // `rets` are replaced by their arguments.

@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_op_cache.h>
 #include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/python_tracked_dispatch.h>
 
 #include <atomic>
 #include <optional>
@@ -38,28 +39,6 @@ bool opted_out(PyObject* owner) {
     return false;
   }
   return is_false == 1;
-}
-
-// The Python object passed for schema argument `index`, or nullptr.
-PyObject* argument_object(
-    const PyOpEntry& entry,
-    PyObject* args,
-    PyObject* kwargs,
-    size_t index) {
-  const SchemaAliasAnalysis& analysis = *entry.analysis;
-  if (!analysis.argument_is_kwarg_only(index) &&
-      static_cast<Py_ssize_t>(index) < PySequence_Fast_GET_SIZE(args)) {
-    return PySequence_Fast_GET_ITEM(args, index);
-  }
-  if (kwargs == nullptr || kwargs == Py_None) {
-    return nullptr;
-  }
-  PyObject* value =
-      PyDict_GetItemWithError(kwargs, entry.argument_names[index].ptr());
-  if (value == nullptr && PyErr_Occurred()) {
-    throw python_error();
-  }
-  return value;
 }
 
 // OpValueRefs over Python objects, without touching any reference count;
@@ -113,7 +92,8 @@ PyObject* correct_result(
     PyObject* kwargs,
     PyObject* out,
     bool correct,
-    bool audit) {
+    bool audit,
+    const CorrectionOptions& options) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   const auto& returns = analysis.returns();
   const size_t num_returns = returns.size();
@@ -153,7 +133,7 @@ PyObject* correct_result(
   }
 
   if (correct) {
-    correct_aliasing_borrowed(analysis, arguments, results);
+    correct_aliasing_borrowed(analysis, arguments, results, options);
     for (size_t i = 0; i < num_returns; ++i) {
       if (returns[i].is_write()) {
         results[i] = arguments[returns[i].argument]; // what we hand back
@@ -208,7 +188,11 @@ PyObject* correct_result(
 // tensor argument (view, t, transpose, select, slice, expand, ...). Returns
 // false, having done nothing, when the values are not the plain case (the
 // general path then handles them, errors included).
-bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
+bool correct_sole_view(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* out,
+    const CorrectionOptions& options) {
   const size_t index = *entry.sole_view_argument;
   if (static_cast<Py_ssize_t>(index) >= PySequence_Fast_GET_SIZE(args)) {
     return false;
@@ -219,7 +203,11 @@ bool correct_sole_view(const PyOpEntry& entry, PyObject* args, PyObject* out) {
     return false;
   }
   correct_view_return(
-      *entry.analysis, 0, THPVariable_Unpack(input), THPVariable_Unpack(out));
+      *entry.analysis,
+      0,
+      THPVariable_Unpack(input),
+      THPVariable_Unpack(out),
+      options);
   return true;
 }
 
@@ -237,20 +225,21 @@ void check_args_kwargs(PyObject* args, PyObject* kwargs) {
 
 } // namespace
 
+bool correction_applies(PyObject* owner) {
+  return correction_enabled.load(std::memory_order_relaxed) &&
+      !opted_out(owner);
+}
+
 PyObject* corrected_result(
-    PyObject* owner,
     PyObject* func,
     PyObject* args,
     PyObject* kwargs,
-    PyObject* out) {
-  if (out == Py_NotImplemented) {
-    return Py_NewRef(out); // the dispatcher will ask someone else
-  }
-  const bool audit = is_alias_audit_enabled();
-  const bool correct =
-      correction_enabled.load(std::memory_order_relaxed) && !opted_out(owner);
-  if (!correct && !audit) {
-    return Py_NewRef(out);
+    PyObject* out,
+    bool correct,
+    bool audit,
+    const CorrectionOptions& options) {
+  if (out == Py_NotImplemented || (!correct && !audit)) {
+    return Py_NewRef(out); // NotImplemented: the dispatcher asks someone else
   }
   return translate_errors([&]() -> PyObject* {
     const RunningCorrection running;
@@ -261,10 +250,10 @@ PyObject* corrected_result(
     }
     check_args_kwargs(args, kwargs);
     if (correct && !audit && entry.sole_view_argument.has_value() &&
-        correct_sole_view(entry, args, out)) {
+        correct_sole_view(entry, args, out, options)) {
       return Py_NewRef(out);
     }
-    return correct_result(entry, args, kwargs, out, correct, audit);
+    return correct_result(entry, args, kwargs, out, correct, audit, options);
   });
 }
 
@@ -295,13 +284,20 @@ PyObject* explicit_correct_aliasing(
           Py_TYPE(argv[0])->tp_name);
     }
     check_args_kwargs(argv[1], argv[2]);
+    const CorrectionOptions options = explicit_correction_options(argv[0]);
     if (!entry.analysis->has_aliasing_returns() ||
         (entry.sole_view_argument.has_value() &&
-         correct_sole_view(entry, argv[1], argv[3]))) {
+         correct_sole_view(entry, argv[1], argv[3], options))) {
       return Py_NewRef(argv[3]);
     }
     return correct_result(
-        entry, argv[1], argv[2], argv[3], /*correct=*/true, /*audit=*/false);
+        entry,
+        argv[1],
+        argv[2],
+        argv[3],
+        /*correct=*/true,
+        /*audit=*/false,
+        options);
   });
 }
 

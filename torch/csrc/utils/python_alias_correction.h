@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/csrc/utils/alias_correction.h>
 #include <torch/csrc/utils/pybind.h>
 
 // Alias correction and audit of an op result given as Python objects (what a
@@ -10,16 +11,22 @@
 
 namespace aliasguard::utils {
 
+// Whether automatic correction applies to the __torch_dispatch__ of `owner`
+// (a class or mode instance): on process-wide, not opted out by its class.
+bool correction_applies(PyObject* owner);
+
 // What a corrected __torch_dispatch__ returns in place of `out` (borrowed),
-// the result of `func(*args, **kwargs)` from the __torch_dispatch__ of
-// `owner` (a class or mode instance: the per-class opt-out is read on it).
-// New reference; nullptr with an exception set.
+// the result of `func(*args, **kwargs)`: corrected when `correct`, as
+// `options` say (see TrackedDispatchCall), and checked when `audit`. New
+// reference; nullptr with an exception set.
 PyObject* corrected_result(
-    PyObject* owner,
     PyObject* func,
     PyObject* args,
     PyObject* kwargs,
-    PyObject* out);
+    PyObject* out,
+    bool correct,
+    bool audit,
+    const CorrectionOptions& options);
 
 // Registers _correct_aliasing and the correction/audit switches.
 void init_alias_correction_bindings(pybind11::module& m);

@@ -13,6 +13,7 @@
 #include <torch/csrc/utils/python_corrected_dispatch.h>
 #include <torch/csrc/utils/python_schema_alias_analysis.h>
 #include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/python_tracked_dispatch.h>
 #include <torch/csrc/utils/torch_internals.h>
 
 #include <memory>
@@ -144,6 +145,7 @@ PYBIND11_MODULE(_C, m) {
 
   utils::init_alias_correction_bindings(m);
   utils::init_corrected_dispatch(m);
+  utils::init_tracked_dispatch(m);
   utils::init_schema_alias_analysis_bindings(m);
   autograd::init_selective_checkpoint_bindings(m);
 }

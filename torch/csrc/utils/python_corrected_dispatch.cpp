@@ -1,9 +1,14 @@
 #include <torch/csrc/utils/python_corrected_dispatch.h>
 
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_aliasing_error.h>
+#include <torch/csrc/utils/python_tracked_dispatch.h>
 
 #include <structmember.h>
+
+#include <optional>
 
 namespace py = pybind11;
 
@@ -14,15 +19,15 @@ PyObject* empty_tuple = nullptr; // the default of a dispatch's `args`
 
 // Note [The corrected __torch_dispatch__ wrapper]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What replaces a class's __torch_dispatch__: calls the original, then
-// corrects its result. A C type rather than a Python closure, because a
-// Python frame alone costs about as much as correcting a view. It binds like
-// a function (so it works as a plain method of a mode, and inside
-// classmethod), and has a __dict__ for __wrapped__, __name__ and friends. The
-// original is called with exactly the arguments received; the owner, func,
-// args and kwargs for the correction are read from them by position or by
-// their conventional names. `owner` is set for the staticmethod form, which
-// receives no class.
+// What replaces a class's __torch_dispatch__: calls the original, tracked
+// (see Note [Tracked __torch_dispatch__ bodies]), then corrects its result. A C
+// type rather than a Python closure, because a Python frame alone costs about
+// as much as correcting a view. It binds like a function (so it works as a
+// plain method of a mode, and inside classmethod), and has a __dict__ for
+// __wrapped__, __name__ and friends. The original is called with exactly the
+// arguments received; the owner, func, args and kwargs for the correction are
+// read from them by position or by their conventional names. `owner` is set for
+// the staticmethod form, which receives no class.
 struct CorrectedDispatch {
   PyObject_HEAD PyObject* fn;
   PyObject* owner; // nullptr: the first argument is the owner
@@ -61,10 +66,6 @@ PyObject* corrected_dispatch_call(
     size_t nargsf,
     PyObject* kwnames) {
   auto* self = reinterpret_cast<CorrectedDispatch*>(callable);
-  PyObject* out = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
-  if (out == nullptr) {
-    return nullptr;
-  }
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   const Py_ssize_t shift = self->owner != nullptr ? 0 : 1;
   PyObject* owner = self->owner;
@@ -72,15 +73,29 @@ PyObject* corrected_dispatch_call(
     owner = nargs > 0 ? argv[0] : Py_None;
   }
   PyObject* func = call_argument(argv, nargs, kwnames, shift, "func");
+  const bool audit = is_alias_audit_enabled();
+  const bool correct = func != nullptr && correction_applies(owner);
+  if (func == nullptr || (!correct && !audit)) {
+    return PyObject_Vectorcall(self->fn, argv, nargsf, kwnames); // stock
+  }
   PyObject* args = call_argument(argv, nargs, kwnames, shift + 2, "args");
   PyObject* kwargs = call_argument(argv, nargs, kwnames, shift + 3, "kwargs");
-  PyObject* result = func == nullptr ? Py_NewRef(out)
-                                     : corrected_result(
-                                           owner,
-                                           func,
-                                           args != nullptr ? args : empty_tuple,
-                                           kwargs != nullptr ? kwargs : Py_None,
-                                           out);
+  args = args != nullptr ? args : empty_tuple;
+  kwargs = kwargs != nullptr ? kwargs : Py_None;
+  // See Note [Tracked __torch_dispatch__ bodies]
+  std::optional<TrackedDispatchCall> call;
+  if (translate_errors([&]() -> PyObject* {
+        call.emplace(owner, func, args, kwargs, correct);
+        return Py_None; // borrowed: a success marker
+      }) == nullptr) {
+    return nullptr;
+  }
+  PyObject* out = call->call(self->fn, argv, nargsf, kwnames);
+  if (out == nullptr) {
+    return nullptr;
+  }
+  PyObject* result = corrected_result(
+      func, args, kwargs, out, correct, audit, call->options());
   Py_DECREF(out);
   return result;
 }

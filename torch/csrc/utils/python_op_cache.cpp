@@ -1,5 +1,6 @@
 #include <torch/csrc/utils/python_op_cache.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 
@@ -67,6 +68,9 @@ const PyOpEntry& op_entry(PyObject* func) {
   entry->func = py::reinterpret_borrow<py::object>(func);
   if (const auto name = internals::operator_name_of(func)) {
     entry->analysis = schema_alias_analysis(*name);
+    const auto handle = c10::Dispatcher::singleton().findOp(*name);
+    entry->has_inplace_or_view_kernel = handle.has_value() &&
+        handle->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   }
   if (entry->analysis) {
     for (size_t i = 0; i < entry->analysis->num_arguments(); ++i) {
@@ -87,6 +91,27 @@ const PyOpEntry& op_entry(PyObject* func) {
     }
   }
   return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
+}
+
+PyObject* argument_object(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    size_t index) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  if (!analysis.argument_is_kwarg_only(index) &&
+      static_cast<Py_ssize_t>(index) < PySequence_Fast_GET_SIZE(args)) {
+    return PySequence_Fast_GET_ITEM(args, index);
+  }
+  if (kwargs == nullptr || kwargs == Py_None) {
+    return nullptr;
+  }
+  PyObject* value =
+      PyDict_GetItemWithError(kwargs, entry.argument_names[index].ptr());
+  if (value == nullptr && PyErr_Occurred()) {
+    throw python_error();
+  }
+  return value;
 }
 
 } // namespace aliasguard::utils

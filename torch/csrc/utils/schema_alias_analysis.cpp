@@ -232,6 +232,9 @@ SchemaAliasAnalysis::SchemaAliasAnalysis(const c10::FunctionSchema& schema)
         {argument.name(),
          argument.kwarg_only(),
          annotation_writes(argument.alias_info())});
+    if (arguments_.back().written) {
+      written_arguments_.push_back(i);
+    }
     const TensorShape shape = tensor_shape_of(argument.type());
     if (shape != TensorShape::kNone) {
       ++tensor_arguments;

@@ -105,6 +105,13 @@ class ALIASGUARD_API SchemaAliasAnalysis {
   bool has_write_returns() const {
     return has_write_returns_;
   }
+  // The indices i with argument_is_written(i), returned or not
+  // (_foreach_add_, batch norm's running stats): the tensors autograd's
+  // ADInplaceOrView kernel bumps. For the per-op path, which would otherwise
+  // scan every argument.
+  const std::vector<size_t>& written_arguments() const {
+    return written_arguments_;
+  }
   // The index of the op's only tensor argument, when it has exactly one and
   // no tensor lists (view, t, select, expand, ...): no return can then be
   // another argument, and callers can skip looking at the rest.
@@ -123,6 +130,7 @@ class ALIASGUARD_API SchemaAliasAnalysis {
   std::string schema_string_;
   std::vector<ArgumentInfo> arguments_;
   std::vector<ReturnAlias> returns_;
+  std::vector<size_t> written_arguments_;
   bool has_view_returns_ = false;
   bool has_write_returns_ = false;
   std::optional<size_t> sole_tensor_argument_;

@@ -33,7 +33,52 @@ void mark_view_grad_fn_stale(const at::Tensor& tensor) {
   }
 }
 
+// See Note [Autograd metadata of a tensor made below autograd]
+AutogradMetaKind autograd_meta_kind(const at::TensorBase& tensor) {
+  c10::AutogradMetaInterface* interface =
+      tensor.unsafeGetTensorImpl()->autograd_meta();
+  if (interface == nullptr) {
+    return AutogradMetaKind::kNone;
+  }
+  // Every AutogradMetaInterface libtorch creates is an AutogradMeta.
+  const auto& meta =
+      static_cast<const torch::autograd::AutogradMeta&>(*interface);
+  if (meta.is_view_) {
+    // A view with a grad_fn was made (or used) above autograd: it belongs to
+    // a graph, and its metadata is not ours to drop.
+    return meta.grad_fn_ ? AutogradMetaKind::kOther : AutogradMetaKind::kView;
+  }
+  const bool bare_leaf = meta.requires_grad_ && !meta.grad_fn_ &&
+      !meta.grad_.defined() && meta.hooks_.empty() &&
+      meta.cpp_hooks_list_ == nullptr && meta.post_acc_grad_hooks_ == nullptr &&
+      !meta.retains_grad_;
+  return bare_leaf ? AutogradMetaKind::kBareRequiresGradLeaf
+                   : AutogradMetaKind::kOther;
+}
+
 namespace {
+
+void check_autograd_meta_kind(std::vector<std::string>& problems) {
+  const char* name =
+      "torch::autograd::AutogradMeta fields (Note [Autograd metadata of a "
+      "tensor made below autograd])";
+  const c10::AutoGradMode grad_mode(true);
+  const at::Tensor plain = at::zeros({2});
+  const at::Tensor leaf = at::zeros({2}).set_requires_grad(true);
+  const at::Tensor view = plain.view({2});
+  const at::Tensor with_grad_fn = leaf * 2;
+  const at::Tensor view_with_grad_fn = leaf.view({2});
+  if (autograd_meta_kind(plain) != AutogradMetaKind::kNone ||
+      autograd_meta_kind(leaf) != AutogradMetaKind::kBareRequiresGradLeaf ||
+      autograd_meta_kind(view) != AutogradMetaKind::kView ||
+      autograd_meta_kind(with_grad_fn) != AutogradMetaKind::kOther ||
+      autograd_meta_kind(view_with_grad_fn) != AutogradMetaKind::kOther) {
+    problems.push_back(
+        std::string(name) +
+        ": a plain tensor, a leaf, views with and without a grad_fn and a "
+        "result with a grad_fn are not told apart");
+  }
+}
 
 void check_version_counter_identity(std::vector<std::string>& problems) {
   const char* name =
@@ -112,6 +157,9 @@ std::vector<std::string> torch_internals_self_test() {
   check_version_counter_identity(problems);
   check_audit_key(problems);
   check_view_grad_fn_rebuild(problems);
+  if (!c10::InferenceMode::is_enabled()) {
+    check_autograd_meta_kind(problems);
+  }
   return problems;
 }
 

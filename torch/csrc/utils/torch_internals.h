@@ -72,6 +72,27 @@ ALIASGUARD_API void make_differentiable_view_in_place(
 // `tensor` from its base the next time it is read.
 ALIASGUARD_API void mark_view_grad_fn_stale(const at::Tensor& tensor);
 
+// Note [Autograd metadata of a tensor made below autograd]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Alias correction must know what autograd metadata a view return carries
+// before autograd's ADInplaceOrView kernel marks it (see Note [Views returned
+// from below autograd]): view metadata, or only a leaf's requires_grad flag.
+// torch::autograd::AutogradMeta's fields (is_view_, requires_grad_, grad_fn_,
+// grad_, hooks_, ...) are public members of a struct in variable.h, which
+// torch's own kernels read, but no API: the public accessors
+// (requires_grad(), grad_fn()) compute answers (a view's requires_grad
+// follows its base; grad_fn() may build a node) where we need the stored
+// facts. Upstream: as_view accepting a tensor with view metadata made below
+// it would make the question moot.
+enum class AutogradMetaKind {
+  kNone, // no autograd metadata at all
+  kView, // view metadata and no grad_fn: a view made below autograd
+  kBareRequiresGradLeaf, // requires_grad_ set; no grad, grad_fn or hook
+  kOther, // anything else (a grad_fn, a grad, hooks, retains_grad)
+};
+ALIASGUARD_API AutogradMetaKind
+autograd_meta_kind(const at::TensorBase& tensor);
+
 // Every torch internal above checked against the torch this process runs:
 // one line per internal that no longer behaves as relied on, naming it;
 // empty when all hold.
