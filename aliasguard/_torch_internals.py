@@ -15,7 +15,7 @@ private modules directly.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -28,13 +28,20 @@ __all__ = [
     "functorch_transform_active",
     "higher_order_ops",
     "checkpoint_error_type",
+    "current_user_saved_tensors_hooks",
     "disabled_torch_dispatch_impl",
     "has_kernel_for_dispatch_key",
+    "has_ordered_effects",
+    "is_aot_tracing",
     "is_alias_of",
     "is_audit_quiet_infrastructure",
     "is_tracing_infrastructure",
+    "sac_cached_mode_type",
+    "sac_caching_mode_type",
     "sac_ignored_ops",
+    "sac_probe_saves",
     "self_test",
+    "top_saved_tensors_hooks",
 ]
 
 # Note [TorchDispatchMode]
@@ -176,6 +183,92 @@ def checkpoint_error_type() -> type:
     return checkpoint.CheckpointError
 
 
+# Note [Selective checkpointing modes, hooks and effects]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# aliasguard.checkpoint follows the running torch's SAC (see
+# aliasguard/_torch_sac_semantics.py), which needs:
+# * torch's two SAC mode classes: ours derive from them, because torch's
+#   checkpoint() hands options (respect_saved_tensors_hooks, 2.14 on) only to
+#   an instance of its caching mode;
+# * the saved-tensors hooks in force: the innermost pair
+#   (torch._C._autograd._top_saved_tensors_default_hooks, read per cached op
+#   to skip the rest when there are none), and the user's pair behind
+#   checkpoint's own (torch.utils.checkpoint._current_user_saved_tensors_hooks,
+#   2.14 on; None before, when SAC never routes its cache through hooks);
+# * whether AOTAutograd is tracing (torch.utils.checkpoint._is_compiling):
+#   then the contexts must be torch's own;
+# * whether an op has an ordered side effect
+#   (torch._higher_order_ops.effects.has_effects).
+# Upstream: the SAC modes would take the options as constructor arguments,
+# and the hooks/effects queries are public in spirit (torch.autograd.graph,
+# torch.library) but not exported.
+def sac_caching_mode_type() -> type:
+    """``torch.utils.checkpoint._CachingTorchDispatchMode``."""
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint._CachingTorchDispatchMode
+
+
+def sac_cached_mode_type() -> type:
+    """``torch.utils.checkpoint._CachedTorchDispatchMode``."""
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint._CachedTorchDispatchMode
+
+
+def top_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[..., Any]]]:
+    """The innermost saved-tensors hooks (checkpoint's own included), or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def current_user_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[..., Any]]]:
+    """The user's hooks behind checkpoint's own; None when none, or torch predates the notion."""
+    import torch.utils.checkpoint as checkpoint
+
+    finder = getattr(checkpoint, "_current_user_saved_tensors_hooks", None)
+    return None if finder is None else finder()
+
+
+def is_aot_tracing() -> bool:
+    """Whether AOTAutograd (torch.compile) or export is tracing right now."""
+    import torch.utils.checkpoint as checkpoint
+
+    return bool(checkpoint._is_compiling(None, (), {}))
+
+
+def has_ordered_effects(op: Any) -> bool:
+    """Whether ``op`` has an ordered side effect registered (``aten._print``, ...)."""
+    from torch._higher_order_ops.effects import has_effects
+
+    try:
+        return bool(has_effects(op))
+    except Exception:  # an op torch's effect registry cannot name
+        return False
+
+
+# Note [Probing torch's SAC decision]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Whether torch's SAC keeps an op's output is decided by its caching mode and
+# recorded in the storage it shares with the recompute mode:
+# `storage[func][index]` is the sentinel `torch.utils.checkpoint._RECOMPUTE`
+# when the op will run again, a wrapped output when it is kept. Running one
+# op under that mode alone, with every other mode stashed
+# (torch.utils._python_dispatch._disable_current_modes) and no autograd
+# involved, reads torch's decision without a checkpoint (whose first call
+# would import torch._dynamo) and without disturbing an enclosing one.
+# Upstream: a public "what would SAC do with this op and policy" query.
+def sac_probe_saves(policy_fn: Callable[..., Any], op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether torch's own SAC forward mode keeps ``op``'s output under ``policy_fn``."""
+    import torch.utils.checkpoint as checkpoint
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    forward, _ = checkpoint.create_selective_checkpoint_contexts(policy_fn)
+    with _disable_current_modes(), forward:
+        op(*args, **kwargs)
+    slots = forward.storage[op]
+    return slots[0] is not checkpoint._RECOMPUTE
+
+
 # Note [Storage alias test]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
 # torch._C._is_alias_of(a, b) answers "do a and b share a storage" without
@@ -260,6 +353,42 @@ def _check_python_internals() -> List[str]:
         "torch.utils.checkpoint.CheckpointError",
         lambda: issubclass(checkpoint_error_type(), RuntimeError),
         "is not a RuntimeError",
+    )
+    expect(
+        "torch.utils.checkpoint._CachingTorchDispatchMode",
+        lambda: issubclass(sac_caching_mode_type(), TorchDispatchMode),
+        "is not a TorchDispatchMode",
+    )
+    expect(
+        "torch.utils.checkpoint._CachedTorchDispatchMode",
+        lambda: issubclass(sac_cached_mode_type(), TorchDispatchMode),
+        "is not a TorchDispatchMode",
+    )
+    expect(
+        "torch._C._autograd._top_saved_tensors_default_hooks",
+        lambda: top_saved_tensors_hooks() is None,
+        "reports hooks where none are set",
+    )
+    expect(
+        "torch.utils.checkpoint._is_compiling",
+        lambda: is_aot_tracing() is False,
+        "says eager code is being traced",
+    )
+    expect(
+        "torch._higher_order_ops.effects.has_effects",
+        lambda: has_ordered_effects(torch.ops.aten._linalg_check_errors.default)
+        and not has_ordered_effects(torch.ops.aten.mm.default),
+        "no longer knows aten._linalg_check_errors as effectful",
+    )
+    # Structure only: running an op under torch's SAC mode imports
+    # torch._dynamo (seconds), which import must not pay; the probe itself
+    # runs on first use of aliasguard.checkpoint, after torch's checkpoint
+    # has imported it anyway.
+    expect(
+        "torch.utils.checkpoint._RECOMPUTE",
+        lambda: hasattr(sac_caching_mode_type()(None, {}), "storage")
+        and hasattr(importlib.import_module("torch.utils.checkpoint"), "_RECOMPUTE"),
+        "is gone, or torch's SAC forward mode keeps no storage",
     )
     expect(
         "torch._C._is_alias_of",

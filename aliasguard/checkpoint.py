@@ -46,6 +46,20 @@ Differences from torch's version, each for correctness:
   the forward mode gives the output its input's counter; otherwise a write to
   the result of ``x @ w`` would slip past the check.
 
+Everything else follows the running torch's SAC, found out at run time (see
+:mod:`aliasguard._torch_sac_semantics`): when the policy is called (only in
+the forward pass on torch 2.13 and 2.14), ``respect_saved_tensors_hooks``
+(torch 2.14 on; refused with a clear error before), and whether ops with
+ordered side effects are kept whatever the policy says.
+
+Note [SAC under torch.compile]: when AOTAutograd traces the checkpointed
+region (``torch.compile``, including ``fullgraph=True``, or export),
+:func:`create_selective_checkpoint_contexts` returns torch's own contexts for
+the same policy. There the policy is not a runtime cache but a tag on every
+traced node that the partitioner honours, so the compiled graph saves exactly
+what torch's SAC saves; the mutation checks do not apply (torch warns that
+the region must not mutate), as there is no cache to mutate.
+
 ``Tensor.data`` stays the escape hatch: it returns an alias with a fresh
 version counter, so writes through it are neither refused nor detected, and
 the recompute uses the written values. Use it only when that is what you want.
@@ -56,12 +70,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 from types import FrameType
 from typing import (
     Any,
     Callable,
     Collection,
-    Dict,
+    FrozenSet,
     List,
     NoReturn,
     Optional,
@@ -72,13 +87,18 @@ from typing import (
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten, TreeSpec
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from aliasguard import _C
-from aliasguard._torch_internals import is_alias_of
-from aliasguard._views import mark_as_view, shares_version_counter
+from aliasguard import _torch_sac_semantics as _semantics
+from aliasguard._torch_internals import (
+    TorchDispatchMode,
+    checkpoint_error_type,
+    sac_ignored_ops,
+    top_saved_tensors_hooks,
+)
+
 
 __all__ = [
     "CheckpointMutationError",
@@ -160,92 +180,9 @@ def _user_location() -> str:
 
 
 # ---------------------------------------------------------------------------
-# What an op's schema says about aliasing, computed once per overload.
-
-
-class _OpAliasInfo:
-    __slots__ = ("written_args", "is_view", "is_mutating")
-
-    def __init__(self, op: OpOverload) -> None:
-        # The C++ schema analysis (aliasguard._C._op_alias_info), not a
-        # second reading of the schema here.
-        info = _C._op_alias_info(op)
-        # (position, name) of every argument the op writes to; kwarg-only
-        # arguments (out=) are found by name.
-        self.written_args: Tuple[Tuple[int, str], ...] = info.written_arguments if info else ()
-        self.is_mutating = bool(self.written_args)
-        # An output annotated Tensor(a) (not a!) is a view of an input.
-        self.is_view = bool(info and info.may_return_views)
-
-
-_alias_info_cache: Dict[Any, Optional[_OpAliasInfo]] = {}
-
-
-def _alias_info(op: Any) -> Optional[_OpAliasInfo]:
-    try:
-        return _alias_info_cache[op]
-    except KeyError:
-        # Higher-order operators have no schema to read: treated as pure.
-        info = _OpAliasInfo(op) if isinstance(op, OpOverload) else None
-        _alias_info_cache[op] = info
-        return info
-
-
-def _written_tensors(
-    info: _OpAliasInfo, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-) -> List[torch.Tensor]:
-    written: List[torch.Tensor] = []
-    for position, name in info.written_args:
-        value = args[position] if position < len(args) else kwargs.get(name)
-        if isinstance(value, torch.Tensor):
-            written.append(value)
-        elif isinstance(value, (list, tuple)):  # Tensor(a!)[], e.g. _foreach_*_
-            written.extend(t for t in value if isinstance(t, torch.Tensor))
-    return written
-
-
-# Ops that neither mode caches nor counts. The forward and the recompute run a
-# different number of detaches (checkpoint's own), and the determinism check
-# runs metadata ops in the forward only; counting them would shift the index
-# of every later op of the same kind.
-_IGNORED_OPS = frozenset(_torch_checkpoint.SAC_IGNORED_OPS)
-_SAVE_POLICIES = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE})
-_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
-
-
-# ---------------------------------------------------------------------------
-# The cache shared by the two modes.
-
-
-class _CacheEntry:
-    """The outputs of one op call kept for the recompute."""
-
-    __slots__ = ("op", "tensors", "versions", "spec", "cached_at")
-
-    def __init__(
-        self,
-        op: Op,
-        leaves: List[Any],
-        spec: Optional[TreeSpec],
-        cached_at: str,
-    ) -> None:
-        self.op = op
-        # Non-tensor leaves (e.g. a scalar output) are kept as they are.
-        self.tensors = leaves
-        self.versions: List[Optional[int]] = [
-            t._version if isinstance(t, torch.Tensor) else None for t in leaves
-        ]
-        # None when the op returned a single tensor.
-        self.spec = spec
-        self.cached_at = cached_at
-
-
-_RECOMPUTE = object()  # the op runs again in the recompute
-_CONSUMED = object()  # the recompute already took this entry
-
-# op -> one slot per call of that op in the forward pass, in order:
-# a _CacheEntry, _RECOMPUTE or _CONSUMED.
-_Storage = Dict[Any, List[Any]]
+# The two modes. Their per-op work is C++ (aliasguard._C; see Note [SAC
+# dispatch without Python frames] in python_selective_checkpoint.cpp); the
+# functions below are what it calls back for errors and rare cases.
 
 
 def _op_name(op: Any) -> str:
@@ -253,120 +190,9 @@ def _op_name(op: Any) -> str:
     return str(op)
 
 
-class _CachingMode(TorchDispatchMode):
-    """Forward pass: asks the policy about each op and caches what it says to save."""
-
-    def __init__(
-        self,
-        policy_fn: PolicyFn,
-        storage: _Storage,
-        allow_cache_entry_mutation: bool,
-    ) -> None:
-        super().__init__()
-        self.policy_fn = policy_fn
-        self.storage = storage
-        self.allow_cache_entry_mutation = allow_cache_entry_mutation
-        # Every cached tensor with its entry and output index, for the
-        # fail-fast check. Only the forward pass needs it, so __exit__ drops it
-        # rather than let it pin cached tensors the recompute already consumed.
-        self.cached_tensors: List[Tuple[torch.Tensor, _CacheEntry, int]] = []
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        self.cached_tensors = []
-        return super().__exit__(exc_type, exc_value, traceback)
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: Tuple[Any, ...] = (),
-        kwargs: Optional[Dict[str, Any]] = None,
-    ) -> Any:
-        if kwargs is None:
-            kwargs = {}
-        if func in _IGNORED_OPS:
-            return func(*args, **kwargs)
-
-        info = _alias_info(func)
-        if (
-            info is not None
-            and info.is_mutating
-            and self.cached_tensors
-            and not self.allow_cache_entry_mutation
-        ):
-            self._refuse_write_to_cached(func, info, args, kwargs)
-
-        out = func(*args, **kwargs)
-
-        if func is _UNSAFE_VIEW:
-            self._share_counter_with_input(out, args[0])
-
-        slots = self.storage.get(func)
-        if slots is None:
-            slots = self.storage[func] = []
-
-        policy = self.policy_fn(
-            SelectiveCheckpointContext(is_recompute=False, op_output=out),
-            func,
-            *args,
-            **kwargs,
-        )
-        if type(policy) is not CheckpointPolicy:
-            policy = _coerce_policy(policy, func)
-
-        # See the module docstring: views and writes always run again.
-        if policy in _SAVE_POLICIES and not (
-            info is not None and (info.is_view or info.is_mutating)
-        ):
-            slots.append(self._cache(func, out))
-        else:
-            slots.append(_RECOMPUTE)
-        return out
-
-    def _cache(self, func: Op, out: Any) -> _CacheEntry:
-        # Below autograd, detach keeps the counter (F1): the cached alias sees
-        # every later write to the output's memory made through a tracked
-        # alias. It is also free of autograd metadata, so the recompute can
-        # hand it back as a fresh op output.
-        if isinstance(out, torch.Tensor):
-            leaves: List[Any] = [out.detach()]
-            spec = None
-        else:
-            raw, spec = tree_flatten(out)
-            leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in raw]
-        entry = _CacheEntry(func, leaves, spec, _user_location())
-        for index, tensor in enumerate(leaves):
-            if isinstance(tensor, torch.Tensor):
-                self.cached_tensors.append((tensor, entry, index))
-        return entry
-
-    @staticmethod
-    def _share_counter_with_input(out: Any, source: Any) -> None:
-        if (
-            isinstance(out, torch.Tensor)
-            and isinstance(source, torch.Tensor)
-            and not out.is_inference()
-            and is_alias_of(out, source)
-            and not shares_version_counter(out, source)
-        ):
-            # A non-differentiable view only shares the counter; the autograd
-            # kernel above still records the op as usual.
-            mark_as_view(out, source, is_bw_differentiable=False, is_fw_differentiable=False)
-
-    def _refuse_write_to_cached(
-        self,
-        func: OpOverload,
-        info: _OpAliasInfo,
-        args: Tuple[Any, ...],
-        kwargs: Dict[str, Any],
-    ) -> None:
-        for written in _written_tensors(info, args, kwargs):
-            for cached, entry, index in self.cached_tensors:
-                if shares_version_counter(written, cached):
-                    _raise_forward_mutation(func, entry, index)
-
-
 def _coerce_policy(policy: Any, func: Any) -> CheckpointPolicy:
+    if isinstance(policy, CheckpointPolicy):
+        return policy
     if isinstance(policy, bool):
         # Accepted for compatibility with torch's policies.
         return CheckpointPolicy.MUST_SAVE if policy else CheckpointPolicy.PREFER_RECOMPUTE
@@ -378,13 +204,13 @@ def _coerce_policy(policy: Any, func: Any) -> CheckpointPolicy:
     )
 
 
-def _raise_forward_mutation(func: Any, entry: _CacheEntry, index: int) -> NoReturn:
-    cached_op = _op_name(entry.op)
+def _raise_forward_mutation(func: Any, cached_op_object: Any, index: int, cached_at: str) -> NoReturn:
+    cached_op = _op_name(cached_op_object)
     mutating_op = _op_name(func)
     where = _user_location()
     raise CheckpointMutationError(
         f"aliasguard.checkpoint: {mutating_op} at {where} would write to the "
-        f"memory of output {index} of {cached_op} (run at {entry.cached_at}), "
+        f"memory of output {index} of {cached_op} (run at {cached_at}), "
         "which selective checkpointing cached for the backward pass. The "
         "recompute would read the written values and compute wrong gradients. "
         f"Clone the tensor before writing to it, have the policy recompute "
@@ -392,102 +218,179 @@ def _raise_forward_mutation(func: Any, entry: _CacheEntry, index: int) -> NoRetu
         "known to be harmless. Nothing was written.",
         cached_op=cached_op,
         output_index=index,
-        cached_at=entry.cached_at,
+        cached_at=cached_at,
         mutating_op=mutating_op,
         mutated_at=where,
     )
 
 
-class _CachedMode(TorchDispatchMode):
+def _raise_recompute_mutation(
+    cached_op_object: Any, index: int, cached_at: str, expected: int, found: int
+) -> NoReturn:
+    cached_op = _op_name(cached_op_object)
+    raise CheckpointMutationError(
+        f"aliasguard.checkpoint: output {index} of {cached_op} (run at "
+        f"{cached_at}), cached by selective checkpointing for the "
+        f"backward pass, was modified in place after the forward pass: "
+        f"its version was {expected} when cached and is {found} now. "
+        "Using it would compute wrong gradients. Do not write to the "
+        f"checkpointed region's tensors before backward (clone them), "
+        f"have the policy recompute {cached_op}, or pass "
+        "allow_cache_entry_mutation=True if the write is known to be "
+        "harmless.",
+        cached_op=cached_op,
+        output_index=index,
+        cached_at=cached_at,
+        expected_version=expected,
+        found_version=found,
+    )
+
+
+def _raise_missing(func: Any, calls: int, forward_calls: int) -> NoReturn:
+    raise checkpoint_error_type()(
+        f"aliasguard.checkpoint: the recompute ran {_op_name(func)} "
+        f"{calls} time(s), the forward pass {forward_calls}. The checkpointed "
+        "function must run the same ops in the recompute; it may depend on "
+        "global state that changed, or be nondeterministic."
+    )
+
+
+def _raise_consumed(func: Any) -> NoReturn:
+    raise RuntimeError(
+        f"aliasguard.checkpoint: the cached output of {_op_name(func)} was "
+        "already used by an earlier backward. A region computed under "
+        "selective checkpointing can be backpropagated through only once."
+    )
+
+
+def _detach_tree(out: Any) -> Tuple[Any, List[Any]]:
+    """Detached copy of an output pytree the C++ side does not walk, and its leaves."""
+    leaves, spec = tree_flatten(out)
+    detached = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
+    return tree_unflatten(detached, spec), detached
+
+
+class _Packed:
+    """What a user's pack hook made of one cached tensor."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _pack_value(value: Any, pack: Callable[[torch.Tensor], Any]) -> Any:
+    return tree_map(lambda t: _Packed(pack(t)) if isinstance(t, torch.Tensor) else t, value)
+
+
+def _unpack_value(packed: Any, unpack: Callable[[Any], torch.Tensor]) -> Any:
+    return tree_map(lambda p: unpack(p.value) if isinstance(p, _Packed) else p, packed)
+
+
+def _user_hooks_of(mode: "_CachingMode") -> Optional[_semantics.Hooks]:
+    return mode._user_hooks()
+
+
+_C._sac_configure(
+    {
+        "ignored_ops": sac_ignored_ops(),
+        "op_overload_type": OpOverload,
+        "has_effects": _semantics.has_ordered_effects,
+        "unsafe_view": torch.ops.aten._unsafe_view.default,
+        "context_type": SelectiveCheckpointContext,
+        "policy_type": CheckpointPolicy,
+        "must_save": CheckpointPolicy.MUST_SAVE,
+        "prefer_save": CheckpointPolicy.PREFER_SAVE,
+        "prefer_recompute": CheckpointPolicy.PREFER_RECOMPUTE,
+        "coerce_policy": _coerce_policy,
+        "forward_error": _raise_forward_mutation,
+        "recompute_error": _raise_recompute_mutation,
+        "missing_error": _raise_missing,
+        "consumed_error": _raise_consumed,
+        "detach_tree": _detach_tree,
+        "pack_value": _pack_value,
+        "unpack_value": _unpack_value,
+        "top_hooks": top_saved_tensors_hooks,
+        "user_hooks": _user_hooks_of,
+        "library_prefixes": list(_LIBRARY_DIRS),
+    }
+)
+
+
+class _CachingMode(_semantics.TorchCachingMode):
+    """Forward pass: asks the policy about each op and caches what it says to save.
+
+    ``__torch_dispatch__`` is C++ (set below, after the class is made, so
+    that alias correction leaves it alone: it corrects by itself).
+    """
+
+    def __init__(self, state: Any) -> None:
+        # torch's __init__ sets up its own storage; only the mode's is wanted.
+        TorchDispatchMode.__init__(self)
+        self._sac = state
+        # Set by torch's checkpoint() (2.14 on) on instances of its caching
+        # mode, which this is; None: torch's default (legacy, warn on hooks).
+        self.respect_saved_tensors_hooks: Optional[bool] = None
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # The fail-fast index is for the forward pass only.
+        _C._sac_end_forward(self._sac)
+        return TorchDispatchMode.__exit__(self, exc_type, exc_value, traceback)
+
+    def cached_entries(self) -> List[Tuple[Any, Any, str]]:
+        """``(op, cached value or None once used, "file:line")`` per cached op call."""
+        return _C._sac_entries(self._sac)
+
+    def _user_hooks(self) -> Optional[_semantics.Hooks]:
+        """The saved-tensors hooks the cache must go through, as the running torch's SAC decides."""
+        if not _semantics.supports_respect_saved_tensors_hooks():
+            return None
+        hooks = _semantics.current_user_saved_tensors_hooks()
+        if hooks is None:
+            return None
+        respects = self.respect_saved_tensors_hooks
+        if respects is None:
+            warnings.warn(
+                "aliasguard.checkpoint: a saved_tensors_hooks context (e.g. "
+                "save_on_cpu) is active around a selective checkpoint. Like "
+                f"torch {torch.__version__}'s own, the tensors it caches bypass "
+                "those hooks for now; torch will route them through the hooks "
+                "in a future release. Pass respect_saved_tensors_hooks=True or "
+                "False to checkpoint() to choose and silence this warning.",
+                FutureWarning,
+                stacklevel=2,
+            )
+        return hooks if respects else None
+
+
+class _CachedMode(_semantics.TorchCachedMode):
     """Recompute: hands back cached outputs, runs every other op again."""
 
-    def __init__(self, storage: _Storage, allow_cache_entry_mutation: bool) -> None:
-        super().__init__()
-        self.storage = storage
-        self.allow_cache_entry_mutation = allow_cache_entry_mutation
-        self.call_counts: Dict[Any, int] = {}
+    def __init__(self, state: Any) -> None:
+        TorchDispatchMode.__init__(self)
+        self._sac = state
 
     def __enter__(self) -> "_CachedMode":
         # A second backward (retain_graph=True) recomputes from the start; it
         # must then find the consumed entries, not "op not found".
-        self.call_counts.clear()
-        return super().__enter__()
+        _C._sac_begin_recompute(self._sac)
+        return TorchDispatchMode.__enter__(self)
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: Tuple[Any, ...] = (),
-        kwargs: Optional[Dict[str, Any]] = None,
-    ) -> Any:
-        if kwargs is None:
-            kwargs = {}
-        if func in _IGNORED_OPS:
-            return func(*args, **kwargs)
-
-        index = self.call_counts.get(func, 0)
-        self.call_counts[func] = index + 1
-        slots = self.storage.get(func)
-        if slots is None or index >= len(slots):
-            raise _torch_checkpoint.CheckpointError(
-                f"aliasguard.checkpoint: the recompute ran {_op_name(func)} "
-                f"{index + 1} time(s), the forward pass "
-                f"{0 if slots is None else len(slots)}. The checkpointed function "
-                "must run the same ops in the recompute; it may depend on global "
-                "state that changed, or be nondeterministic."
-            )
-        slot = slots[index]
-        if slot is _RECOMPUTE:
-            return func(*args, **kwargs)
-        if slot is _CONSUMED:
-            raise RuntimeError(
-                f"aliasguard.checkpoint: the cached output of {_op_name(func)} was "
-                "already used by an earlier backward. A region computed under "
-                "selective checkpointing can be backpropagated through only once."
-            )
-        entry: _CacheEntry = slot
-        if not self.allow_cache_entry_mutation:
-            _check_versions(entry)
-        # Let the memory go once the recomputed graph holds the output.
-        slots[index] = _CONSUMED
-        # The cached tensors carry no autograd metadata (they were detached
-        # below autograd), so the autograd kernel above can make them the
-        # recomputed op's outputs, history and all.
-        if entry.spec is None:
-            return entry.tensors[0]
-        return tree_unflatten(entry.tensors, entry.spec)
+    def cached_entries(self) -> List[Tuple[Any, Any, str]]:
+        """See :meth:`_CachingMode.cached_entries`."""
+        return _C._sac_entries(self._sac)
 
 
-def _check_versions(entry: _CacheEntry) -> None:
-    for index, (tensor, expected) in enumerate(zip(entry.tensors, entry.versions)):
-        if expected is None:
-            continue
-        found = tensor._version
-        if found != expected:
-            cached_op = _op_name(entry.op)
-            raise CheckpointMutationError(
-                f"aliasguard.checkpoint: output {index} of {cached_op} (run at "
-                f"{entry.cached_at}), cached by selective checkpointing for the "
-                f"backward pass, was modified in place after the forward pass: "
-                f"its version was {expected} when cached and is {found} now. "
-                "Using it would compute wrong gradients. Do not write to the "
-                f"checkpointed region's tensors before backward (clone them), "
-                f"have the policy recompute {cached_op}, or pass "
-                "allow_cache_entry_mutation=True if the write is known to be "
-                "harmless.",
-                cached_op=cached_op,
-                output_index=index,
-                cached_at=entry.cached_at,
-                expected_version=expected,
-                found_version=found,
-            )
+# See the class docstring; instance methods bound like functions.
+_CachingMode.__torch_dispatch__ = _C._sac_forward_dispatch
+_CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch
 
 
 # ---------------------------------------------------------------------------
 # Public API.
 
 
-def _policy_from_ops(ops: Collection[Any]) -> PolicyFn:
+def _checked_ops(ops: Collection[Any]) -> FrozenSet[Op]:
     for op in ops:
         if not isinstance(op, (OpOverload, HigherOrderOperator)):
             hint = ""
@@ -496,24 +399,21 @@ def _policy_from_ops(ops: Collection[Any]) -> PolicyFn:
                     f" {op} is an overload packet; name one overload, "
                     f"e.g. {op}.default."
                 )
-            raise TypeError(
+            # ValueError, as torch's create_selective_checkpoint_contexts.
+            raise ValueError(
                 "aliasguard.checkpoint: the list of ops to save must hold "
                 f"OpOverloads (e.g. torch.ops.aten.mm.default), got {op!r} of "
                 f"type {type(op).__name__}.{hint}"
             )
-    ops_to_save = frozenset(ops)
-
-    def save_listed_ops(ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        return CheckpointPolicy.MUST_SAVE if op in ops_to_save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return save_listed_ops
+    return frozenset(ops)
 
 
-def _as_policy_fn(policy_fn_or_list: Union[PolicyFn, Collection[Op]]) -> PolicyFn:
+def _as_policy(policy_fn_or_list: Union[PolicyFn, Collection[Op]]) -> Tuple[Optional[PolicyFn], FrozenSet[Op]]:
+    """(policy function, None) or (None, the ops to save)."""
     if callable(policy_fn_or_list):
-        return policy_fn_or_list
+        return policy_fn_or_list, frozenset()
     if isinstance(policy_fn_or_list, (list, tuple, set, frozenset)):
-        return _policy_from_ops(policy_fn_or_list)
+        return None, _checked_ops(policy_fn_or_list)
     raise TypeError(
         "aliasguard.checkpoint: the policy must be a policy function or a list "
         f"of ops to save, got {type(policy_fn_or_list).__name__}"
@@ -553,9 +453,10 @@ def create_selective_checkpoint_contexts(
         ``(forward_context, recompute_context)``, two ``TorchDispatchMode``.
 
     Raises:
-        TypeError: ``policy_fn_or_list`` is neither callable nor a collection
-            of ``OpOverload`` (an ``OpOverloadPacket`` such as
-            ``torch.ops.aten.mm`` is refused, naming it).
+        TypeError: ``policy_fn_or_list`` is neither callable nor a collection.
+        ValueError: the collection holds something that is not an
+            ``OpOverload`` (an ``OpOverloadPacket`` such as
+            ``torch.ops.aten.mm`` is refused, naming it), as torch raises.
 
     The forward context raises :class:`CheckpointMutationError` before an
     in-place or ``out=`` op writes to a cached tensor (or to anything sharing
@@ -564,12 +465,20 @@ def create_selective_checkpoint_contexts(
     :class:`CheckpointMutationError` when a cached tensor was modified after
     the forward pass.
     """
-    policy_fn = _as_policy_fn(policy_fn_or_list)
-    storage: _Storage = {}
-    return (
-        _CachingMode(policy_fn, storage, allow_cache_entry_mutation),
-        _CachedMode(storage, allow_cache_entry_mutation),
+    policy_fn, saved_ops = _as_policy(policy_fn_or_list)
+    if _semantics.is_tracing_for_compile():
+        # See Note [SAC under torch.compile] in the module docstring.
+        return _torch_checkpoint.create_selective_checkpoint_contexts(
+            policy_fn if policy_fn is not None else list(saved_ops),
+            allow_cache_entry_mutation,
+        )
+    state = _C._sac_new_state(
+        policy_fn,
+        saved_ops,
+        _semantics.policies_overridden_for_effects(),
+        bool(allow_cache_entry_mutation),
     )
+    return _CachingMode(state), _CachedMode(state)
 
 
 def checkpoint(
@@ -577,6 +486,7 @@ def checkpoint(
     *args: Any,
     policy: Union[PolicyFn, Collection[Op]],
     allow_cache_entry_mutation: bool = False,
+    respect_saved_tensors_hooks: Optional[bool] = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` under a selective activation checkpoint.
@@ -596,7 +506,13 @@ def checkpoint(
         policy: a policy function or a list of ops to save, as for
             :func:`create_selective_checkpoint_contexts`.
         allow_cache_entry_mutation: turn off the mutation checks.
-        **kwargs: ``preserve_rng_state``, ``determinism_check``,
+        respect_saved_tensors_hooks: as in torch's ``checkpoint`` (torch 2.14
+            on): ``True`` routes the cached tensors through the user's
+            ``saved_tensors_hooks`` (e.g. ``save_on_cpu``) active at the call,
+            ``False`` bypasses them, ``None`` bypasses them with a
+            ``FutureWarning`` when such hooks are active. The mutation checks
+            still look at the tensors the ops returned.
+        **kwargs: ``preserve_rng_state``, ``determinism_check``, ``debug``,
             ``early_stop`` go to ``torch.utils.checkpoint.checkpoint``; the
             rest are keyword arguments of ``function``.
 
@@ -606,8 +522,10 @@ def checkpoint(
     Raises:
         ValueError: ``use_reentrant=True`` (the reentrant checkpoint has no
             dispatch modes, so nothing could be cached), or ``context_fn`` was
-            passed (``policy`` builds it).
-        TypeError: see :func:`create_selective_checkpoint_contexts`.
+            passed (``policy`` builds it), or ``respect_saved_tensors_hooks``
+            was given to a torch whose checkpoint has no such option.
+        TypeError: see :func:`create_selective_checkpoint_contexts`;
+            ``respect_saved_tensors_hooks`` is not a bool or None.
     """
     if kwargs.pop("use_reentrant", False):
         raise ValueError(
@@ -624,16 +542,31 @@ def checkpoint(
             "context_fn=functools.partial(create_selective_checkpoint_contexts, "
             "policy) to combine it with other contexts."
         )
+    if respect_saved_tensors_hooks is not None:
+        if not isinstance(respect_saved_tensors_hooks, bool):
+            raise TypeError(
+                "aliasguard.checkpoint.checkpoint: respect_saved_tensors_hooks "
+                "must be True, False or None, got "
+                f"{type(respect_saved_tensors_hooks).__name__}"
+            )
+        if not _semantics.supports_respect_saved_tensors_hooks():
+            raise ValueError(
+                "aliasguard.checkpoint.checkpoint: respect_saved_tensors_hooks "
+                f"is not supported with torch {torch.__version__}: its "
+                "selective checkpointing always bypasses saved_tensors_hooks "
+                "(the option arrived in torch 2.14). Drop the argument."
+            )
+        kwargs["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     # Check the policy here, where the caller's line is in the traceback,
-    # rather than inside the forward pass; a list is turned into a function once.
-    policy_fn = _as_policy_fn(policy)
+    # rather than inside the forward pass.
+    _as_policy(policy)
     return _torch_checkpoint.checkpoint(
         function,
         *args,
         use_reentrant=False,
         context_fn=functools.partial(
             create_selective_checkpoint_contexts,
-            policy_fn,
+            policy,
             allow_cache_entry_mutation=allow_cache_entry_mutation,
         ),
         **kwargs,

@@ -1,39 +1,58 @@
-"""F5 benchmark: selective checkpointing, aliasguard's vs torch's, in one process.
+"""F5 benchmark: selective checkpointing, aliasguard's against torch's, fairly.
 
 A 4-layer pre-norm transformer (CPU, float32), forward + backward, under:
-no checkpoint, plain checkpoint (per layer), torch's selective checkpoint and
-aliasguard's, both with the same policy (save the matmuls, recompute the
-rest). Reports the median time over interleaved repeats and the bytes the
-forward pass leaves alive for the backward pass, with ratios to torch's SAC.
-Two sizes: one where the kernels dominate, and a tiny one where the time is
-mostly dispatch, so the two modes' per-op overhead shows. One intra-op thread,
-and both wall and CPU time of that thread: on a shared machine other
-processes' load then swings the comparison far less.
+no checkpoint, plain checkpoint (per layer), torch's selective checkpoint (SAC)
+and aliasguard's, both with the same policy (save the matmuls, recompute the
+rest). Two sizes: one where the kernels dominate, and a tiny one where the
+time is mostly dispatch, so the modes' per-op overhead shows.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py [--repeats N]
+Fairness: the three baselines run in worker processes that never import
+aliasguard (importing it wraps every ``__torch_dispatch__``, torch's SAC mode
+included); aliasguard's SAC runs in its own worker processes. Workers of the
+two kinds alternate, several rounds each, on one intra-op thread; each
+reports the wall and CPU (thread) time of every step, and the table gives
+medians over all rounds and the ratio of medians. Saved bytes are the
+storages made in the forward pass and still alive after it (what the
+backward pass holds: autograd's saved tensors and SAC's cache). All variants
+must produce the same gradients, checked across processes.
+
+The floor for SAC is plain checkpointing minus the recompute of the saved
+ops; with this policy (the matmuls) that is between "no checkpoint" and
+"plain checkpoint". "pass-through modes" is plain checkpointing with two
+TorchDispatchModes that only forward each op (``func._op(*args, **kwargs)``):
+the cost of routing every op through torch's Python dispatch key, which any
+SAC built on a TorchDispatchMode pays, whatever its own per-op work.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py [--repeats N] [--rounds R]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
-
-import aliasguard
-from aliasguard.testing import StorageTracker
-from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 aten = torch.ops.aten
 LAYERS = 4
 # (batch, seq, dim, heads, ffn)
 SIZES = {"kernel-bound": (8, 128, 256, 4, 1024), "dispatch-bound": (1, 8, 32, 2, 64)}
 SAVE_MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
+STOCK = ("no checkpoint", "plain checkpoint", "pass-through modes", "torch SAC")
+OURS = ("aliasguard SAC",)
 
 
 class Block(torch.nn.Module):
@@ -58,13 +77,10 @@ class Block(torch.nn.Module):
         return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
-def torch_sac_context() -> Any:
-    return torch_checkpoint.create_selective_checkpoint_contexts(SAVE_MATMULS)
+Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
-def make_variants(blocks: torch.nn.ModuleList) -> Dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    Forward = Callable[[torch.Tensor], torch.Tensor]
-
+def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[str, Forward]:
     def run(layer_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]) -> Forward:
         def forward(x: torch.Tensor) -> torch.Tensor:
             for block in blocks:
@@ -73,21 +89,69 @@ def make_variants(blocks: torch.nn.ModuleList) -> Dict[str, Callable[[torch.Tens
 
         return forward
 
-    return {
-        "no checkpoint": run(lambda block, x: block(x)),
-        "plain checkpoint": run(lambda block, x: torch_checkpoint.checkpoint(block, x, use_reentrant=False)),
-        "torch 2.13 SAC": run(
-            lambda block, x: torch_checkpoint.checkpoint(
-                block, x, use_reentrant=False, context_fn=torch_sac_context
+    variants: Dict[str, Forward] = {}
+    for name in names:
+        if name == "no checkpoint":
+            variants[name] = run(lambda block, x: block(x))
+        elif name == "plain checkpoint":
+            variants[name] = run(lambda block, x: torch_checkpoint.checkpoint(block, x, use_reentrant=False))
+        elif name == "pass-through modes":
+
+            class PassThrough(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    return func._op(*args, **(kwargs or {}))
+
+            def pass_through_context() -> Any:
+                return PassThrough(), PassThrough()
+
+            variants[name] = run(
+                lambda block, x: torch_checkpoint.checkpoint(
+                    block, x, use_reentrant=False, context_fn=pass_through_context
+                )
             )
-        ),
-        "aliasguard SAC": run(lambda block, x: aliasguard_checkpoint(block, x, policy=SAVE_MATMULS)),
-    }
+        elif name == "torch SAC":
+
+            def torch_sac_context() -> Any:
+                return torch_checkpoint.create_selective_checkpoint_contexts(SAVE_MATMULS)
+
+            variants[name] = run(
+                lambda block, x: torch_checkpoint.checkpoint(
+                    block, x, use_reentrant=False, context_fn=torch_sac_context
+                )
+            )
+        elif name == "aliasguard SAC":
+            from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
+
+            variants[name] = run(lambda block, x: aliasguard_checkpoint(block, x, policy=SAVE_MATMULS))
+        else:
+            raise ValueError(name)
+    return variants
 
 
-def saved_activation_bytes(
-    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: List[torch.Tensor]
-) -> int:
+class StorageTracker(TorchDispatchMode):
+    """Remembers every storage an op returns; reports the bytes still alive.
+
+    Not aliasguard.testing's: the stock workers must not import aliasguard.
+    """
+
+    __aliasguard_fixup__ = False  # read only when aliasguard is imported
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: Dict[int, Tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                known = self.storages.get(storage._cdata)
+                if known is None or known[0].expired():
+                    self.storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+        return out
+
+
+def saved_activation_bytes(forward: Forward, x: torch.Tensor, params: List[torch.Tensor]) -> int:
     """Bytes of the storages made in the forward pass that are alive after it."""
     tracker = StorageTracker()
     with tracker:
@@ -100,9 +164,7 @@ def saved_activation_bytes(
     return live
 
 
-def time_step(
-    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, blocks: torch.nn.Module
-) -> Tuple[float, float]:
+def time_step(forward: Forward, x: torch.Tensor, blocks: torch.nn.Module) -> Tuple[float, float]:
     """(wall, CPU) seconds of one forward + backward."""
     blocks.zero_grad(set_to_none=True)
     x.grad = None
@@ -111,82 +173,133 @@ def time_step(
     return time.perf_counter() - start_wall, time.thread_time() - start_cpu
 
 
-def measure(
-    sizes: Tuple[int, int, int, int, int], repeats: int, warmup: int
-) -> Tuple[Dict[str, float], Dict[str, float], Dict[str, int]]:
-    """Median wall and CPU seconds and saved-activation bytes of each variant."""
-    batch, seq, dim, heads, ffn = sizes
+def worker(kind: str, label: str, repeats: int, warmup: int, grads_file: str) -> Dict[str, Any]:
+    """Measures the variants of one kind in this process; returns samples and bytes."""
+    torch.set_num_threads(1)
+    names = STOCK if kind == "stock" else OURS
+    batch, seq, dim, heads, ffn = SIZES[label]
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(Block(dim, heads, ffn) for _ in range(LAYERS))
     x = torch.randn(batch, seq, dim, requires_grad=True)
     params = list(blocks.parameters())
-    variants = make_variants(blocks)
+    variants = make_variants(blocks, names)
 
-    # Same gradients from every variant, or the timings mean nothing.
-    reference = None
+    grads: Dict[str, List[torch.Tensor]] = {}
     for name, forward in variants.items():
         blocks.zero_grad(set_to_none=True)
         x.grad = None
         forward(x).sum().backward()
-        got = [x.grad.clone()] + [p.grad.clone() for p in params]
-        if reference is None:
-            reference = got
-        elif not all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, reference)):
-            raise AssertionError(f"{name}: gradients differ from the un-checkpointed run")
+        grads[name] = [x.grad.clone()] + [p.grad.clone() for p in params]
+    torch.save(grads, grads_file)
 
     saved = {name: saved_activation_bytes(forward, x, params) for name, forward in variants.items()}
-
     for _ in range(warmup):
         for forward in variants.values():
             time_step(forward, x, blocks)
     wall: Dict[str, List[float]] = {name: [] for name in variants}
     cpu: Dict[str, List[float]] = {name: [] for name in variants}
-    names = list(variants)
+    order = list(variants)
     for repeat in range(repeats):
-        # Interleaved, so drift hits all alike, and rotated, so no variant
-        # always runs right after the same other one.
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
+        # Interleaved, and rotated so no variant always follows the same one.
+        shift = repeat % len(order)
+        for name in order[shift:] + order[:shift]:
             step_wall, step_cpu = time_step(variants[name], x, blocks)
             wall[name].append(step_wall)
             cpu[name].append(step_cpu)
-    return (
-        {name: statistics.median(samples) for name, samples in wall.items()},
-        {name: statistics.median(samples) for name, samples in cpu.items()},
-        saved,
-    )
+    return {
+        "torch": torch.__version__,
+        "aliasguard_imported": "aliasguard" in sys.modules,
+        "wall": wall,
+        "cpu": cpu,
+        "saved": saved,
+    }
+
+
+def run_worker(kind: str, label: str, repeats: int, warmup: int, grads_file: str) -> Dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--size", label,
+               "--repeats", str(repeats), "--warmup", str(warmup), "--grads-file", grads_file]
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["aliasguard_imported"] != (kind == "ours"):
+        raise AssertionError(f"{kind} worker: aliasguard imported = {result['aliasguard_imported']}")
+    return result
+
+
+Samples = Dict[str, List[float]]
+
+
+def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples, Samples, Dict[str, int], str]:
+    wall: Dict[str, List[float]] = {name: [] for name in STOCK + OURS}
+    cpu: Dict[str, List[float]] = {name: [] for name in STOCK + OURS}
+    saved: Dict[str, int] = {}
+    version = ""
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_index in range(rounds):
+            kinds = ("stock", "ours") if round_index % 2 == 0 else ("ours", "stock")
+            for kind in kinds:
+                grads_file = os.path.join(tmp, f"{kind}.pt")
+                result = run_worker(kind, label, repeats, warmup, grads_file)
+                version = result["torch"]
+                for name in result["wall"]:
+                    wall[name] += result["wall"][name]
+                    cpu[name] += result["cpu"][name]
+                    saved[name] = result["saved"][name]
+            # Same gradients from every variant, or the timings mean nothing.
+            grads = {**torch.load(os.path.join(tmp, "stock.pt")), **torch.load(os.path.join(tmp, "ours.pt"))}
+            reference = grads["no checkpoint"]
+            for name, got in grads.items():
+                if not all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, reference)):
+                    raise AssertionError(f"{name}: gradients differ from the un-checkpointed run")
+    return wall, cpu, saved, version
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=20, help="steps per variant per worker (x5 dispatch-bound)")
+    parser.add_argument("--rounds", type=int, default=4, help="worker processes of each kind per size")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES), help="which model sizes")
+    parser.add_argument("--worker", choices=("stock", "ours"), help=argparse.SUPPRESS)
+    parser.add_argument("--size", choices=tuple(SIZES), help=argparse.SUPPRESS)
+    parser.add_argument("--grads-file", help=argparse.SUPPRESS)
     options = parser.parse_args()
 
-    torch.set_num_threads(1)
-    print(
-        f"{LAYERS}-layer pre-norm transformer, CPU float32, 1 thread, "
-        f"torch {torch.__version__}, aliasguard {aliasguard.__version__}; median of "
-        "interleaved fwd+bwd; SAC policy: save mm/addmm/bmm, recompute the rest"
-    )
-    base = "torch 2.13 SAC"
-    for label, sizes in SIZES.items():
+    if options.worker:
+        print(json.dumps(worker(options.worker, options.size, options.repeats, options.warmup, options.grads_file)))
+        return
+
+    header_done = False
+    for label in options.sizes:
+        sizes = SIZES[label]
         repeats = options.repeats * (5 if label == "dispatch-bound" else 1)
-        wall, cpu, saved = measure(sizes, repeats, options.warmup)
+        wall, cpu, saved, version = measure(label, repeats, options.warmup, options.rounds)
+        if not header_done:
+            print(
+                f"{LAYERS}-layer pre-norm transformer, CPU float32, 1 thread, torch {version}; "
+                "median of fwd+bwd steps over alternating worker processes (baselines "
+                "without aliasguard imported); SAC policy: save mm/addmm/bmm, recompute the rest"
+            )
+            header_done = True
         batch, seq, dim, heads, ffn = sizes
+        samples = len(wall["torch SAC"])
         print(
-            f"\n{label}: batch {batch}, seq {seq}, dim {dim}, heads {heads}, ffn {ffn}, "
-            f"{repeats} repeats\n"
+            f"\n{label}: batch {batch}, seq {seq}, dim {dim}, heads {heads}, ffn {ffn}; "
+            f"{samples} steps per variant in {options.rounds} processes of each kind\n"
         )
         print(
-            "| variant | wall (ms) | wall / torch SAC | CPU (ms) | CPU / torch SAC "
+            "| variant | wall (ms) | wall / torch SAC | wall / plain ckpt | CPU (ms) | CPU / torch SAC "
             "| saved activations (KiB) | bytes / torch SAC |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|")
-        for name in wall:
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        med_wall = {name: statistics.median(s) for name, s in wall.items()}
+        med_cpu = {name: statistics.median(s) for name, s in cpu.items()}
+        base, plain = "torch SAC", "plain checkpoint"
+        for name in STOCK + OURS:
             print(
-                f"| {name} | {wall[name] * 1e3:.2f} | {wall[name] / wall[base]:.3f}x "
-                f"| {cpu[name] * 1e3:.2f} | {cpu[name] / cpu[base]:.3f}x "
+                f"| {name} | {med_wall[name] * 1e3:.2f} | {med_wall[name] / med_wall[base]:.3f}x "
+                f"| {med_wall[name] / med_wall[plain]:.3f}x "
+                f"| {med_cpu[name] * 1e3:.2f} | {med_cpu[name] / med_cpu[base]:.3f}x "
                 f"| {saved[name] / 2**10:.1f} | {saved[name] / saved[base]:.3f}x |"
             )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import sys
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -344,8 +345,9 @@ def test_forward_error_names_exact_mutating_op_and_line_and_writes_nothing():
 def test_forward_write_to_the_cached_tensor_itself_raises():
     def fn(x, w):
         y = torch.mm(x, w)
-        (mode,) = [m for m in _get_current_dispatch_mode_stack() if hasattr(m, "cached_tensors")]
-        cached = mode.cached_tensors[0][0]
+        (mode,) = [m for m in _get_current_dispatch_mode_stack() if hasattr(m, "cached_entries")]
+        ((op, cached, _),) = mode.cached_entries()
+        assert op is aten.mm.default
         assert cached is not y and cached.data_ptr() == y.data_ptr()
         cached.neg_()
         return y
@@ -365,8 +367,26 @@ def test_forward_write_through_batched_matmul_result_raises():
     inputs = mm_inputs()
     with pytest.raises(CheckpointMutationError, match=r"aten\.add_\.Tensor .* output 0 of aten\.bmm\.default"):
         checkpoint(fn, *inputs, policy=[aten.bmm.default])
-    # torch 2.13's SAC neither raises nor gets the gradients right here.
-    assert not torch.allclose(grads(torch_sac([aten.bmm.default], fn), inputs)[0], grads(fn, inputs)[0])
+
+
+def test_torch_sac_gets_batched_matmul_write_wrong_while_ours_refuses_it():
+    # Why the check above matters: torch's SAC neither raises nor gets the
+    # gradients right for `y = a @ b; y.add_(1)` on batched operands. Found
+    # out by running it, so that a torch with the bug fixed skips this test.
+    def fn(x, w):
+        y = torch.matmul(x.expand(2, 4, 4), w.expand(2, 4, 4))
+        y.add_(1)
+        return y.sin()
+
+    inputs = mm_inputs()
+    try:
+        theirs = grads(torch_sac([aten.bmm.default], fn), inputs)
+    except RuntimeError as error:
+        pytest.skip(f"torch {torch.__version__}'s SAC refuses the write itself: {error}")
+    if all(torch.allclose(a, e) for a, e in zip(theirs, grads(fn, inputs))):
+        pytest.skip(f"torch {torch.__version__}'s SAC computes the right gradients here (bug fixed)")
+    with pytest.raises(CheckpointMutationError):
+        grads(ours([aten.bmm.default], fn), inputs)
 
 
 def test_forward_write_names_the_output_index_of_multi_output_op():
@@ -465,9 +485,10 @@ def test_write_to_cached_tensor_itself_after_forward_raises_at_recompute():
 
     inputs = mm_inputs()
     _, s = torch_checkpoint.checkpoint(mm_and_sin, *inputs, use_reentrant=False, context_fn=context_fn)
-    (entry,) = modes[0].storage[aten.mm.default]
-    entry.tensors[0].add_(1)
-    entry.tensors[0].add_(1)
+    ((op, cached, _),) = modes[0].cached_entries()
+    assert op is aten.mm.default
+    cached.add_(1)
+    cached.add_(1)
     with pytest.raises(CheckpointMutationError, match="version was 0 when cached and is 2 now"):
         s.sum().backward()
 
@@ -617,15 +638,18 @@ def test_policy_returning_non_policy_names_op_and_value(returned):
 
 
 def test_list_with_overload_packet_names_it_and_suggests_default():
-    with pytest.raises(TypeError, match=r"aten\.mm.* overload packet.*aten\.mm\.default"):
+    with pytest.raises(ValueError, match=r"aten\.mm.* overload packet.*aten\.mm\.default"):
         checkpoint(torch.sin, mm_inputs()[0], policy=[aten.mm])
 
 
-@pytest.mark.parametrize("not_an_op", ["aten.mm.default", torch.mm, 3])
-def test_list_with_non_op_names_it(not_an_op):
-    with pytest.raises(TypeError, match="OpOverload") as info:
+@pytest.mark.parametrize("not_an_op", ["aten.mm.default", torch.mm, 3, aten.mm])
+def test_list_with_non_op_names_it_with_torchs_exception_type(not_an_op):
+    with pytest.raises(ValueError, match="OpOverload") as info:
         create_selective_checkpoint_contexts([aten.mm.default, not_an_op])
     assert repr(not_an_op) in str(info.value)
+    # torch's own SAC raises the same type for the same list.
+    with pytest.raises(ValueError):
+        torch_checkpoint.create_selective_checkpoint_contexts([aten.mm.default, not_an_op])
 
 
 def test_policy_neither_callable_nor_list_is_refused():
@@ -638,3 +662,218 @@ def test_exported_from_package():
     assert issubclass(CheckpointMutationError, RuntimeError)
     assert aliasguard.checkpoint.checkpoint is checkpoint
     assert {"CheckpointMutationError", "checkpoint"} <= set(aliasguard.__all__)
+
+
+# ---------------------------------------------------------------------------
+# Same semantics as the running torch's SAC (issue 7, items 4-5), side by side
+
+
+def recording_policy(log: List[Tuple[Any, bool, str]]) -> Callable[..., CheckpointPolicy]:
+    def policy(ctx, op, *args, **kwargs):
+        log.append((op, ctx.is_recompute, type(ctx.op_output).__name__))
+        return save_matmuls_and_softmax_any_phase(op)
+
+    return policy
+
+
+def save_matmuls_and_softmax_any_phase(op: Any) -> CheckpointPolicy:
+    if op in MATMULS:
+        return CheckpointPolicy.MUST_SAVE
+    if op is aten._softmax.default:
+        return CheckpointPolicy.PREFER_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize("model, make_inputs", MODELS, ids=["mlp", "attention"])
+def test_policy_is_called_at_the_same_moments_as_by_torch_sac(model, make_inputs):
+    inputs = make_inputs()
+    logs: Dict[str, List[Tuple[Any, bool, str]]] = {"torch": [], "ours": []}
+    counts: Dict[str, List[int]] = {"torch": [], "ours": []}
+    for name, wrap in (("torch", torch_sac), ("ours", ours)):
+        out = wrap(recording_policy(logs[name]), model)(*inputs)
+        counts[name].append(len(logs[name]))
+        out.sum().backward()
+        counts[name].append(len(logs[name]))
+    assert logs["ours"] == logs["torch"]
+    assert counts["ours"] == counts["torch"]
+    assert len(logs["ours"]) > 5
+
+
+def effectful_region(x: torch.Tensor) -> torch.Tensor:
+    # aten._linalg_check_errors has an ordered side effect registered (it
+    # raises for a nonzero info) and does nothing here.
+    torch.ops.aten._linalg_check_errors.default(torch.zeros((), dtype=torch.int32), "test", is_matrix=False)
+    return x.sin()
+
+
+def count_effectful_calls(run: Callable[[torch.Tensor], torch.Tensor]) -> int:
+    op = torch.ops.aten._linalg_check_errors.default
+    calls = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal calls
+            calls += func is op
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    with Count():
+        run(x).sum().backward()
+    return calls
+
+
+@pytest.mark.parametrize("policy", list(CheckpointPolicy), ids=lambda p: p.name)
+def test_op_with_ordered_effect_is_replayed_exactly_as_by_torch_sac(policy):
+    from aliasguard._torch_sac_semantics import policies_overridden_for_effects
+
+    constant = lambda ctx, op, *args, **kwargs: policy  # noqa: E731
+    theirs = count_effectful_calls(torch_sac(constant, effectful_region))
+    mine = count_effectful_calls(ours(constant, effectful_region))
+    assert mine == theirs
+    saved = policy in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+    expected_once = saved or policy in policies_overridden_for_effects()
+    assert mine == (1 if expected_once else 2)
+
+
+def torch_has_respect_saved_tensors_hooks() -> bool:
+    import inspect
+
+    return "respect_saved_tensors_hooks" in inspect.signature(torch_checkpoint.checkpoint).parameters
+
+
+@pytest.mark.skipif(torch_has_respect_saved_tensors_hooks(), reason="the running torch supports the option")
+@pytest.mark.parametrize("value", [True, False])
+def test_respect_saved_tensors_hooks_is_refused_where_torch_lacks_it(value):
+    inputs = mm_inputs()
+    expected = f"respect_saved_tensors_hooks is not supported with torch {torch.__version__}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        checkpoint(mm_and_sin, *inputs, policy=[aten.mm.default], respect_saved_tensors_hooks=value)
+
+
+def test_respect_saved_tensors_hooks_must_be_bool_or_none():
+    with pytest.raises(TypeError, match="respect_saved_tensors_hooks must be True, False or None, got str"):
+        checkpoint(mm_and_sin, *mm_inputs(), policy=[aten.mm.default], respect_saved_tensors_hooks="yes")
+
+
+def run_under_counting_hooks(run: Callable[..., Any], inputs: Tuple[torch.Tensor, ...]) -> Dict[str, Any]:
+    """Packs/unpacks seen by the user's hooks, warnings, and the gradients."""
+    seen = {"pack": 0, "unpack": 0}
+
+    def pack(t: torch.Tensor) -> Any:
+        seen["pack"] += 1
+        return ("packed", t)
+
+    def unpack(packed: Any) -> torch.Tensor:
+        seen["unpack"] += 1
+        return packed[1]
+
+    import warnings as warnings_module
+
+    with warnings_module.catch_warnings(record=True) as caught:
+        warnings_module.simplefilter("always")
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = run(*inputs)
+        got = torch.autograd.grad(out.sum(), inputs)
+    future = [w for w in caught if issubclass(w.category, FutureWarning)]
+    return {**seen, "future_warnings": len(future), "grads": got}
+
+
+@pytest.mark.skipif(not torch_has_respect_saved_tensors_hooks(), reason="torch lacks respect_saved_tensors_hooks")
+@pytest.mark.parametrize("respect", [None, True, False], ids=["default", "true", "false"])
+@pytest.mark.parametrize("via", ["checkpoint", "context_fn"])
+def test_respect_saved_tensors_hooks_behaves_like_torch_sac(respect, via):
+    inputs = mlp_inputs()
+    policy = MATMULS
+
+    def theirs(*args):
+        context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)
+        return torch_checkpoint.checkpoint(
+            mlp, *args, use_reentrant=False, context_fn=context_fn, respect_saved_tensors_hooks=respect
+        )
+
+    def mine(*args):
+        if via == "checkpoint":
+            return checkpoint(mlp, *args, policy=policy, respect_saved_tensors_hooks=respect)
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+        return torch_checkpoint.checkpoint(
+            mlp, *args, use_reentrant=False, context_fn=context_fn, respect_saved_tensors_hooks=respect
+        )
+
+    expected = run_under_counting_hooks(theirs, inputs)
+    got = run_under_counting_hooks(mine, inputs)
+    for key in ("pack", "unpack", "future_warnings"):
+        assert got[key] == expected[key], key
+    assert (expected["future_warnings"] > 0) == (respect is None)
+    assert_grads_close(got["grads"], grads(mlp, inputs))
+    if respect:
+        # The 3 cached matmul outputs went through the hooks too.
+        plain = run_under_counting_hooks(
+            lambda *args: checkpoint(mlp, *args, policy=policy, respect_saved_tensors_hooks=False), inputs
+        )
+        assert got["pack"] == plain["pack"] + 3
+
+
+@pytest.mark.skipif(not torch_has_respect_saved_tensors_hooks(), reason="torch lacks respect_saved_tensors_hooks")
+def test_mutation_after_forward_is_caught_with_hooks_respected():
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        y, s = checkpoint(mm_and_sin, *mm_inputs(), policy=[aten.mm.default], respect_saved_tensors_hooks=True)
+    with torch.no_grad():
+        y.mul_(2)
+    with pytest.raises(CheckpointMutationError, match="version was 0 when cached and is 1 now"):
+        s.sum().backward()
+
+
+# ---------------------------------------------------------------------------
+# The C++ __torch_dispatch__ (see Note [SAC dispatch without Python frames])
+
+
+def test_dispatch_called_directly_like_a_higher_order_op_redirect():
+    # torch's HOP redirects call mode.__torch_dispatch__(op, [], args, kwargs).
+    forward, recompute = create_selective_checkpoint_contexts([aten.mm.default])
+    x, w = mm_inputs()
+    out = forward.__torch_dispatch__(aten.mm.default, [], (x.detach(), w.detach()), {})
+    torch.testing.assert_close(out, x.detach() @ w.detach())
+    (op, cached, _), = forward.cached_entries()
+    assert op is aten.mm.default and torch.equal(cached, out) and cached is not out
+    # Keyword form, as a Python __torch_dispatch__ could be called.
+    out2 = forward.__torch_dispatch__(func=aten.sin.default, types=[], args=(x.detach(),), kwargs=None)
+    torch.testing.assert_close(out2, x.detach().sin())
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], [x], None), "args must be a tuple"),
+        (lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), [("a", 1)]), "kwargs must be a dict or None"),
+        (
+            lambda m, x: m.__torch_dispatch__(aten.sin.default, [], (x,), None, bad=1),
+            "unexpected keyword argument 'bad'",
+        ),
+        (lambda m, x: m.__torch_dispatch__(), "missing self or func"),
+    ],
+    ids=["args-list", "kwargs-list", "unknown-keyword", "no-func"],
+)
+@pytest.mark.parametrize("which", [0, 1], ids=["forward", "recompute"])
+def test_dispatch_called_with_bad_arguments_raises_type_error(call, message, which):
+    mode = create_selective_checkpoint_contexts([aten.mm.default])[which]
+    x = torch.ones(2)
+    with pytest.raises(TypeError, match=message):
+        call(mode, x)
+    assert torch.equal(x, torch.ones(2)) and x._version == 0
+
+
+def test_import_under_no_grad_runs_no_checkpoint_and_imports_no_dynamo():
+    # What the running torch's SAC does with effectful ops is probed on first
+    # use (see _torch_sac_semantics), not at import: importing must work under
+    # no_grad and must not pay for torch._dynamo.
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "with torch.no_grad():\n"
+        "    import aliasguard.checkpoint\n"
+        "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no dynamo"

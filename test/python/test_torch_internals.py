@@ -33,6 +33,13 @@ BROKEN = {
     "torch.utils.checkpoint._CachedTorchDispatchMode": (
         "import torch.utils.checkpoint as c; del c._CachedTorchDispatchMode"
     ),
+    "torch.utils.checkpoint._CachingTorchDispatchMode": (
+        "import torch.utils.checkpoint as c; del c._CachingTorchDispatchMode"
+    ),
+    "torch.utils.checkpoint._is_compiling": "import torch.utils.checkpoint as c; c._is_compiling = lambda *a: True",
+    "torch._higher_order_ops.effects.has_effects": (
+        "import torch._higher_order_ops.effects as e; e.has_effects = lambda op: False"
+    ),
     "torch._C._disabled_torch_dispatch_impl": "torch._C._disabled_torch_dispatch_impl = lambda *a: None",
     "torch.utils.checkpoint.SAC_IGNORED_OPS": "import torch.utils.checkpoint as c; c.SAC_IGNORED_OPS = set()",
     "torch._C._is_alias_of": "torch._C._is_alias_of = lambda a, b: True",

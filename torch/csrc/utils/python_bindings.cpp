@@ -4,6 +4,7 @@
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/mark_as_view.h>
+#include <torch/csrc/autograd/python_selective_checkpoint.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/track_views.h>
 #include <torch/csrc/utils/pybind.h>
@@ -176,4 +177,5 @@ PYBIND11_MODULE(_C, m) {
   utils::init_corrected_dispatch(m);
   utils::init_tracked_dispatch(m);
   utils::init_schema_alias_analysis_bindings(m);
+  autograd::init_selective_checkpoint_bindings(m);
 }

@@ -1,0 +1,102 @@
+"""What the running torch's selective checkpointing does, found out at run time.
+
+``aliasguard.checkpoint`` follows the semantics of the torch it runs on, and
+those move between releases: torch 2.14 added ``respect_saved_tensors_hooks``
+(tensors SAC caches may go through the user's ``saved_tensors_hooks``), and
+later releases keep the outputs of ops with ordered side effects whatever the
+policy says. Each difference is detected here by what torch exposes or does,
+never by comparing version numbers, so a backport or a new release is
+followed without a code change.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, FrozenSet, Optional, Tuple
+
+import torch
+import torch.utils.checkpoint as _torch_checkpoint
+from torch.utils.checkpoint import CheckpointPolicy
+
+from aliasguard import _torch_internals as _internals
+
+__all__ = [
+    "TorchCachingMode",
+    "TorchCachedMode",
+    "current_user_saved_tensors_hooks",
+    "has_ordered_effects",
+    "is_tracing_for_compile",
+    "policies_overridden_for_effects",
+    "supports_respect_saved_tensors_hooks",
+]
+
+# torch's own SAC modes. Our modes derive from them so that torch's
+# checkpoint() hands them the options it hands its own (it sets
+# ``respect_saved_tensors_hooks`` on an instance of its caching mode).
+TorchCachingMode: type = _internals.sac_caching_mode_type()
+TorchCachedMode: type = _internals.sac_cached_mode_type()
+
+Hooks = Tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
+
+
+@functools.lru_cache(maxsize=None)
+def supports_respect_saved_tensors_hooks() -> bool:
+    """Whether ``torch.utils.checkpoint.checkpoint`` takes ``respect_saved_tensors_hooks``."""
+    return "respect_saved_tensors_hooks" in inspect.signature(_torch_checkpoint.checkpoint).parameters
+
+
+def current_user_saved_tensors_hooks() -> Optional[Hooks]:
+    """The user's ``(pack, unpack)`` in effect here, skipping checkpoint's own hooks.
+
+    None when there is none, or when the running torch has no notion of
+    routing SAC's cache through them.
+    """
+    return _internals.current_user_saved_tensors_hooks()
+
+
+def has_ordered_effects(op: Any) -> bool:
+    """Whether ``op`` has an ordered side effect registered (e.g. ``aten._print``)."""
+    return _internals.has_ordered_effects(op)
+
+
+_NON_SAVING_POLICIES = (
+    CheckpointPolicy.PREFER_RECOMPUTE,
+    CheckpointPolicy.MUST_RECOMPUTE,
+    CheckpointPolicy.PREFER_CPU_OFFLOAD,
+    CheckpointPolicy.MUST_CPU_OFFLOAD,
+)
+
+
+def _torch_sac_keeps_effectful_op(policy: CheckpointPolicy) -> bool:
+    """Whether torch's own SAC keeps an op with an ordered side effect under ``policy``.
+
+    ``aten._linalg_check_errors`` is registered with an ordered effect by
+    every supported torch and does nothing for an all-zero ``info``. See
+    Note [Probing torch's SAC decision] in _torch_internals.py.
+    """
+    op = torch.ops.aten._linalg_check_errors.default
+    info = torch.zeros((), dtype=torch.int32)
+    return _internals.sac_probe_saves(
+        lambda ctx, func, *args, **kwargs: policy, op, (info, "aliasguard probe"), {"is_matrix": False}
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def policies_overridden_for_effects() -> FrozenSet[CheckpointPolicy]:
+    """The non-saving policies under which the running torch still saves an effectful op.
+
+    Empty for torch 2.13 and 2.14 (their SAC replays such ops in the
+    recompute); later releases keep them so the effect happens once.
+    """
+    return frozenset(policy for policy in _NON_SAVING_POLICIES if _torch_sac_keeps_effectful_op(policy))
+
+
+def is_tracing_for_compile() -> bool:
+    """Whether AOTAutograd (torch.compile) or export is tracing right now.
+
+    Then the forward and recompute contexts must be torch's own: under
+    tracing its caching mode tags each traced node with the policy, and the
+    partitioner, not a runtime cache, decides what is saved.
+    """
+    return _internals.is_aot_tracing()

@@ -1,0 +1,103 @@
+// SelectiveCheckpointCache: the forward index by version counter, and what
+// the recompute finds. See Note [SAC cache keyed by version counter].
+
+#include <torch/csrc/autograd/selective_checkpoint.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace {
+
+using aliasguard::autograd::SelectiveCheckpointCache;
+using Kind = SelectiveCheckpointCache::SlotKind;
+
+int mm_key;
+int sin_key;
+const void* const kMm = &mm_key;
+const void* const kSin = &sin_key;
+
+TEST(
+    SelectiveCheckpointCache,
+    FindsCachedOutputThroughAnyTensorSharingItsCounter) {
+  SelectiveCheckpointCache cache;
+  at::Tensor first = at::randn({2, 2});
+  at::Tensor second = at::randn({3});
+  EXPECT_FALSE(cache.has_cached_outputs());
+  cache.record_recompute(kSin);
+  cache.record_cached(kMm, {&first});
+  const size_t entry = cache.record_cached(kMm, {nullptr, &second});
+  ASSERT_TRUE(cache.has_cached_outputs());
+
+  // A view shares its base's counter: found, with the output's place.
+  at::Tensor view = second.view({3});
+  auto found = cache.find_cached(*view.unsafeGetTensorImpl());
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->entry, entry);
+  EXPECT_EQ(found->output_index, 1u);
+
+  // A copy has a counter of its own.
+  at::Tensor copy = second.clone();
+  EXPECT_FALSE(cache.find_cached(*copy.unsafeGetTensorImpl()).has_value());
+
+  cache.end_forward();
+  EXPECT_FALSE(cache.has_cached_outputs());
+  EXPECT_FALSE(cache.find_cached(*second.unsafeGetTensorImpl()).has_value());
+}
+
+TEST(SelectiveCheckpointCache, RecomputeWalksTheForwardCallsPerOp) {
+  SelectiveCheckpointCache cache;
+  at::Tensor out = at::randn({2});
+  cache.record_recompute(kMm);
+  const size_t entry = cache.record_cached(kMm, {&out});
+  cache.end_forward();
+
+  cache.begin_recompute();
+  EXPECT_EQ(cache.next_call(kMm).kind, Kind::kRecompute);
+  auto cached = cache.next_call(kMm);
+  EXPECT_EQ(cached.kind, Kind::kCached);
+  EXPECT_EQ(cached.entry, entry);
+  EXPECT_FALSE(cache.changed_output(entry).has_value());
+  cache.consume(entry);
+  auto extra = cache.next_call(kMm);
+  EXPECT_EQ(extra.kind, Kind::kMissing);
+  EXPECT_EQ(extra.forward_calls, 2u);
+  EXPECT_EQ(extra.call_index, 2u);
+  EXPECT_EQ(cache.next_call(kSin).kind, Kind::kMissing);
+
+  // A second backward starts over and finds the entry consumed.
+  cache.begin_recompute();
+  cache.next_call(kMm);
+  EXPECT_EQ(cache.next_call(kMm).kind, Kind::kConsumed);
+}
+
+TEST(SelectiveCheckpointCache, ReportsTheFirstOutputWrittenAfterCaching) {
+  SelectiveCheckpointCache cache;
+  at::Tensor a = at::randn({2});
+  at::Tensor b = at::randn({2});
+  // randn fills in place: the version is not 0 to begin with.
+  const uint32_t cached_version = b._version();
+  const size_t entry = cache.record_cached(kMm, {&a, &b});
+  cache.end_forward();
+  b.add_(1);
+  b.add_(1);
+  auto change = cache.changed_output(entry);
+  ASSERT_TRUE(change.has_value());
+  EXPECT_EQ(change->output_index, 1u);
+  EXPECT_EQ(change->expected, cached_version);
+  EXPECT_EQ(change->found, cached_version + 2);
+}
+
+TEST(SelectiveCheckpointCache, InferenceTensorsAreNotWatched) {
+  SelectiveCheckpointCache cache;
+  at::Tensor inference;
+  {
+    c10::InferenceMode guard;
+    inference = at::randn({2});
+  }
+  const size_t entry = cache.record_cached(kMm, {&inference});
+  EXPECT_FALSE(cache.has_cached_outputs());
+  EXPECT_FALSE(cache.find_cached(*inference.unsafeGetTensorImpl()).has_value());
+  EXPECT_FALSE(cache.changed_output(entry).has_value());
+}
+
+} // namespace

@@ -1,0 +1,873 @@
+// Python face of selective activation checkpointing (SAC): the per-op work
+// of aliasguard.checkpoint's two dispatch modes.
+//
+// Note [SAC dispatch without Python frames]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch calls a TorchDispatchMode through the Python dispatch key: it looks
+// up `__torch_dispatch__` on the mode object and calls it with (func, types,
+// args, kwargs). That attribute need not be a Python function: the modes in
+// aliasguard/checkpoint.py set it, on the class, to the C functions below,
+// wrapped in an `instancemethod` so that they bind to the mode like a method.
+// Per op they do what the Python modes did, with no Python frame in between:
+// look the op up in a per-OpOverload table (computed once from its schema),
+// run it through `OpOverload._op` (the C++ callable `OpOverload.__call__`
+// forwards to), ask the policy (for a list, a set lookup; for a function, one
+// direct call with a SelectiveCheckpointContext built without running its
+// __init__), detach and keep the outputs, and check writes against the cache
+// in O(1) (see Note [SAC cache keyed by version counter]). What happens
+// rarely (errors, saved-tensors hooks, outputs that are not a tensor or a
+// plain tuple/list) calls back into small Python helpers of checkpoint.py.
+//
+// Alias correction (F4) wraps Python `__torch_dispatch__` functions; these
+// are not, so they call it themselves for the ops whose schema says a return
+// aliases an argument (views, in-place and out= ops) when it is enabled.
+
+#include <torch/csrc/autograd/python_selective_checkpoint.h>
+
+#include <c10/core/VersionCounterUtils.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/selective_checkpoint.h>
+#include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/schema_alias_analysis.h>
+
+#include <frameobject.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace aliasguard::autograd {
+namespace {
+
+// Objects of checkpoint.py and torch the dispatch functions need, handed over
+// once by _sac_configure. Leaked: no Py_DECREF after interpreter shutdown.
+struct Config {
+  py::object ignored_ops; // frozenset: SAC_IGNORED_OPS
+  py::object op_overload_type; // torch._ops.OpOverload
+  py::object has_effects; // op -> bool
+  py::object unsafe_view; // aten._unsafe_view.default
+  py::object context_type; // SelectiveCheckpointContext
+  py::object policy_type; // CheckpointPolicy
+  py::object must_save;
+  py::object prefer_save;
+  py::object prefer_recompute;
+  py::object coerce_policy; // (policy, func) -> CheckpointPolicy or raise
+  py::object forward_error; // (func, cached_op, index, cached_at) -> raise
+  py::object recompute_error; // (cached_op, index, cached_at, expected, found)
+  py::object missing_error; // (func, calls, forward_calls) -> raise
+  py::object consumed_error; // (func) -> raise
+  py::object detach_tree; // out -> (cached value, [tensors])
+  py::object pack_value; // (value, pack) -> packed value
+  py::object unpack_value; // (packed value, unpack) -> value
+  py::object top_hooks; // () -> the innermost saved-tensors hooks or None
+  py::object user_hooks; // (mode) -> (pack, unpack) or None
+  py::object correct_aliasing; // aliasguard._C._correct_aliasing
+  py::object correction_enabled; // aliasguard._C._is_alias_correction_enabled
+  std::vector<std::string> library_prefixes; // torch's and aliasguard's dirs
+  py::object state_attribute; // "_sac", interned
+  py::object is_recompute_name; // "is_recompute"
+  py::object op_output_name; // "op_output"
+  bool ready = false;
+};
+
+Config& config() {
+  static auto* instance = new Config();
+  return *instance;
+}
+
+// What the dispatch functions need to know about an op, computed on first
+// sight. Only touched with the GIL held.
+struct OpInfo {
+  py::object func; // the key: keeps its address from being reused
+  py::object call; // OpOverload._op, or func itself
+  bool ignored = false;
+  bool is_unsafe_view = false;
+  bool has_effects = false;
+  // Some return is Tensor(a) or Tensor(a!): alias correction applies.
+  bool has_aliasing_returns = false;
+  // Some return is a view (Tensor(a)): never cached.
+  bool is_view = false;
+  // Arguments annotated Tensor(a!) / Tensor(a!)[]: (position, name,
+  // kwarg-only). Never cached either.
+  struct Written {
+    Py_ssize_t position;
+    py::object name;
+    bool kwarg_only;
+  };
+  std::vector<Written> written;
+};
+
+std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>& op_table() {
+  static auto* table =
+      new std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>();
+  return *table;
+}
+
+// What the schema says, from the one alias analysis (see
+// torch/csrc/utils/schema_alias_analysis.h): which arguments the op writes
+// and whether a return aliases an argument at all, or only reads it.
+void read_schema(OpInfo& info) {
+  const std::optional<c10::OperatorName> name =
+      internals::operator_name_of(info.func.ptr());
+  if (!name) {
+    return; // no dispatcher operator: treated as pure
+  }
+  const std::shared_ptr<const utils::SchemaAliasAnalysis> analysis =
+      utils::schema_alias_analysis(*name);
+  if (!analysis) {
+    return; // a schema the dispatcher no longer knows: treated as pure
+  }
+  for (size_t i = 0; i < analysis->num_arguments(); ++i) {
+    if (!analysis->argument_is_written(i)) {
+      continue;
+    }
+    PyObject* argument_name =
+        PyUnicode_FromString(analysis->argument_name(i).c_str());
+    if (argument_name == nullptr) {
+      throw python_error();
+    }
+    PyUnicode_InternInPlace(&argument_name);
+    info.written.push_back(
+        {static_cast<Py_ssize_t>(i),
+         py::reinterpret_steal<py::object>(argument_name),
+         analysis->argument_is_kwarg_only(i)});
+  }
+  for (const utils::ReturnAlias& ret : analysis->returns()) {
+    if (ret.annotated) {
+      info.has_aliasing_returns = true;
+      info.is_view = info.is_view || !ret.annotated_write;
+    }
+  }
+}
+
+const OpInfo& op_info(PyObject* func) {
+  auto& table = op_table();
+  auto it = table.find(func);
+  if (it != table.end()) {
+    return *it->second;
+  }
+  const Config& cfg = config();
+  auto info = std::make_unique<OpInfo>();
+  info->func = py::reinterpret_borrow<py::object>(func);
+  const int ignored = PySet_Contains(cfg.ignored_ops.ptr(), func);
+  if (ignored < 0) {
+    PyErr_Clear(); // unhashable: not one of the ignored ops
+  }
+  info->ignored = ignored == 1;
+  info->is_unsafe_view = func == cfg.unsafe_view.ptr();
+  const int is_overload = PyObject_IsInstance(func, cfg.op_overload_type.ptr());
+  if (is_overload < 0) {
+    throw python_error();
+  }
+  if (is_overload == 1) {
+    info->call =
+        py::reinterpret_steal<py::object>(PyObject_GetAttrString(func, "_op"));
+    if (!info->call) {
+      throw python_error();
+    }
+    read_schema(*info);
+  } else {
+    info->call = info->func; // a higher-order op: no schema, treated as pure
+  }
+  py::object effects = py::reinterpret_steal<py::object>(
+      PyObject_CallOneArg(cfg.has_effects.ptr(), func));
+  if (!effects) {
+    throw python_error();
+  }
+  info->has_effects = PyObject_IsTrue(effects.ptr()) == 1;
+  return *table.emplace(func, std::move(info)).first->second;
+}
+
+// One cached op call: the value handed back at recompute and where the user's
+// code ran the op (formatted only for messages).
+struct EntryValue {
+  py::object value; // None once consumed
+  py::object unpack; // the user's unpack hook when `value` is packed
+  py::object code; // code object of the user's frame, or None
+  int line = 0;
+};
+
+struct SacState {
+  SelectiveCheckpointCache cache;
+  std::vector<EntryValue> values;
+  py::object policy_fn; // None for a list policy
+  // The ops of a list policy, by identity: OpOverload hashes in Python, and
+  // compares by identity (one object per overload), so a set of pointers
+  // answers the same without a Python call.
+  py::object saved_ops; // keeps the pointers below valid
+  std::unordered_set<PyObject*> saved_op_ptrs;
+  // CheckpointPolicy members (singletons) the running torch overrides for
+  // effectful ops; see _torch_sac_semantics.py.
+  py::object effect_overrides;
+  std::vector<PyObject*> effect_override_ptrs;
+  bool allow_mutation = false;
+
+  bool effect_overridden(PyObject* policy) const {
+    return std::find(
+               effect_override_ptrs.begin(),
+               effect_override_ptrs.end(),
+               policy) != effect_override_ptrs.end();
+  }
+};
+
+const char* kStateCapsule = "aliasguard.SacState";
+
+SacState* state_of_capsule(PyObject* capsule) {
+  auto* state =
+      static_cast<SacState*>(PyCapsule_GetPointer(capsule, kStateCapsule));
+  if (state == nullptr) {
+    throw python_error();
+  }
+  return state;
+}
+
+SacState* state_of_mode(PyObject* mode) {
+  py::object capsule = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(mode, config().state_attribute.ptr()));
+  if (!capsule) {
+    throw python_error();
+  }
+  return state_of_capsule(capsule.ptr()); // the mode keeps it alive
+}
+
+// The innermost frame outside torch and aliasguard: (code, line).
+std::pair<py::object, int> user_frame() {
+  const auto& prefixes = config().library_prefixes;
+  PyFrameObject* frame = PyEval_GetFrame(); // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame); // new reference
+    Py_ssize_t size = 0;
+    const char* filename = PyUnicode_AsUTF8AndSize(code->co_filename, &size);
+    if (filename == nullptr) {
+      PyErr_Clear();
+      size = 0;
+    }
+    const std::string_view name(filename == nullptr ? "" : filename, size);
+    bool library = false;
+    for (const auto& prefix : prefixes) {
+      library = library || name.substr(0, prefix.size()) == prefix;
+    }
+    if (!library) {
+      const int line = PyFrame_GetLineNumber(frame);
+      Py_DECREF(frame);
+      return {
+          py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(code)),
+          line};
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame); // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  return {py::none(), 0};
+}
+
+std::string location(const EntryValue& entry) {
+  if (entry.code.is_none()) {
+    return "<unknown>";
+  }
+  auto* code = reinterpret_cast<PyCodeObject*>(entry.code.ptr());
+  return py::reinterpret_borrow<py::object>(code->co_filename)
+             .cast<std::string>() +
+      ":" + std::to_string(entry.line);
+}
+
+bool is_tensor(PyObject* obj) {
+  return internals::is_tensor_object(obj);
+}
+
+// Calls `fn(*args)`; always throws: the helpers raise the error to report.
+[[noreturn]] void raise_through(
+    const py::object& fn,
+    std::initializer_list<py::handle> args) {
+  py::tuple packed(args.size());
+  size_t i = 0;
+  for (py::handle arg : args) {
+    packed[i++] = py::reinterpret_borrow<py::object>(arg);
+  }
+  PyObject* result = PyObject_Call(fn.ptr(), packed.ptr(), nullptr);
+  Py_XDECREF(result);
+  if (!PyErr_Occurred()) {
+    PyErr_SetString(
+        PyExc_SystemError, "aliasguard.checkpoint: an error helper returned");
+  }
+  throw python_error();
+}
+
+// Runs the op, then corrects aliasing like the wrapper of a Python
+// __torch_dispatch__ would (see the note at the top).
+py::object run_op(const OpInfo& info, PyObject* args, PyObject* kwargs) {
+  PyObject* out = PyObject_Call(
+      info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
+  if (out == nullptr) {
+    throw python_error();
+  }
+  py::object result = py::reinterpret_steal<py::object>(out);
+  if (info.has_aliasing_returns) {
+    const Config& cfg = config();
+    py::object enabled = py::reinterpret_steal<py::object>(
+        PyObject_CallNoArgs(cfg.correction_enabled.ptr()));
+    if (!enabled) {
+      throw python_error();
+    }
+    if (enabled.ptr() == Py_True) {
+      PyObject* corrected = PyObject_CallFunctionObjArgs(
+          cfg.correct_aliasing.ptr(),
+          info.func.ptr(),
+          args,
+          kwargs,
+          result.ptr(),
+          nullptr);
+      if (corrected == nullptr) {
+        throw python_error();
+      }
+      result = py::reinterpret_steal<py::object>(corrected);
+    }
+  }
+  return result;
+}
+
+// Every tensor an op writes, by its schema's Tensor(a!) arguments.
+template <typename F>
+void for_each_written(
+    const OpInfo& info,
+    PyObject* args,
+    PyObject* kwargs,
+    F&& visit) {
+  const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
+  for (const auto& written : info.written) {
+    PyObject* value = nullptr;
+    if (!written.kwarg_only && written.position < num_args) {
+      value = PyTuple_GET_ITEM(args, written.position);
+    } else if (kwargs != nullptr && kwargs != Py_None) {
+      value = PyDict_GetItemWithError(kwargs, written.name.ptr());
+      if (value == nullptr && PyErr_Occurred()) {
+        throw python_error();
+      }
+    }
+    if (value == nullptr) {
+      continue;
+    }
+    if (is_tensor(value)) {
+      visit(THPVariable_Unpack(value));
+    } else if (PyList_Check(value) || PyTuple_Check(value)) { // Tensor(a!)[]
+      py::object items =
+          py::reinterpret_steal<py::object>(PySequence_Fast(value, ""));
+      if (!items) {
+        throw python_error();
+      }
+      for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items.ptr()); ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(items.ptr(), i);
+        if (is_tensor(item)) {
+          visit(THPVariable_Unpack(item));
+        }
+      }
+    }
+  }
+}
+
+// Refuses a write to the memory of a cached output; nothing ran yet.
+void check_forward_write(
+    SacState& state,
+    const OpInfo& info,
+    PyObject* args,
+    PyObject* kwargs) {
+  for_each_written(info, args, kwargs, [&](const at::Tensor& tensor) {
+    if (!tensor.defined()) {
+      return;
+    }
+    auto found = state.cache.find_cached(*tensor.unsafeGetTensorImpl());
+    if (!found) {
+      return;
+    }
+    const auto cached_op = reinterpret_cast<PyObject*>(
+        const_cast<void*>(state.cache.entry_op(found->entry)));
+    const std::string cached_at = location(state.values.at(found->entry));
+    raise_through(
+        config().forward_error,
+        {info.func,
+         cached_op,
+         py::int_(found->output_index),
+         py::str(cached_at)});
+  });
+}
+
+// Below autograd aten::_unsafe_view returns its input's memory under a
+// counter of its own (its schema claims a fresh tensor). Once that memory can
+// be cached it is no longer private: give the output its input's counter, so
+// that a write through the result of `x @ w` is seen.
+void share_unsafe_view_counter(PyObject* out, PyObject* args) {
+  if (PyTuple_GET_SIZE(args) == 0 || !is_tensor(out) ||
+      !is_tensor(PyTuple_GET_ITEM(args, 0))) {
+    return;
+  }
+  const at::Tensor& result = THPVariable_Unpack(out);
+  const at::Tensor& source = THPVariable_Unpack(PyTuple_GET_ITEM(args, 0));
+  c10::TensorImpl* result_impl = result.unsafeGetTensorImpl();
+  const c10::TensorImpl* source_impl = source.unsafeGetTensorImpl();
+  if (result.is_inference() || source.is_inference() ||
+      !result.is_alias_of(source) ||
+      shares_version_counter(*result_impl, *source_impl)) {
+    return;
+  }
+  share_version_counter(*result_impl, *source_impl);
+}
+
+// True when the policy says to keep the op's output.
+bool policy_saves(
+    SacState& state,
+    const OpInfo& info,
+    PyObject* func,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out) {
+  const Config& cfg = config();
+  if (state.policy_fn.is_none()) {
+    if (state.saved_op_ptrs.count(func) != 0) {
+      return true; // MUST_SAVE
+    }
+    // PREFER_RECOMPUTE, unless the running torch keeps effectful ops.
+    return info.has_effects &&
+        state.effect_overridden(cfg.prefer_recompute.ptr());
+  }
+  // A SelectiveCheckpointContext without running its Python __init__.
+  py::object ctx = py::reinterpret_steal<py::object>(PyBaseObject_Type.tp_new(
+      reinterpret_cast<PyTypeObject*>(cfg.context_type.ptr()),
+      py::tuple().ptr(),
+      nullptr));
+  if (!ctx ||
+      PyObject_SetAttr(ctx.ptr(), cfg.is_recompute_name.ptr(), Py_False) < 0 ||
+      PyObject_SetAttr(ctx.ptr(), cfg.op_output_name.ptr(), out) < 0) {
+    throw python_error();
+  }
+  const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
+  py::object call_args =
+      py::reinterpret_steal<py::object>(PyTuple_New(num_args + 2));
+  if (!call_args) {
+    throw python_error();
+  }
+  PyTuple_SET_ITEM(call_args.ptr(), 0, ctx.release().ptr());
+  PyTuple_SET_ITEM(call_args.ptr(), 1, Py_NewRef(func));
+  for (Py_ssize_t i = 0; i < num_args; ++i) {
+    PyTuple_SET_ITEM(
+        call_args.ptr(), i + 2, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+  }
+  py::object policy = py::reinterpret_steal<py::object>(PyObject_Call(
+      state.policy_fn.ptr(),
+      call_args.ptr(),
+      kwargs == Py_None ? nullptr : kwargs));
+  if (!policy) {
+    throw python_error();
+  }
+  if (Py_TYPE(policy.ptr()) !=
+      reinterpret_cast<PyTypeObject*>(cfg.policy_type.ptr())) {
+    policy = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
+        cfg.coerce_policy.ptr(), policy.ptr(), func, nullptr));
+    if (!policy) {
+      throw python_error();
+    }
+  }
+  if (policy.ptr() == cfg.must_save.ptr() ||
+      policy.ptr() == cfg.prefer_save.ptr()) {
+    return true;
+  }
+  // The running torch may keep effectful ops whatever the policy.
+  return info.has_effects && state.effect_overridden(policy.ptr());
+}
+
+// Detached outputs (a tensor, or an exact tuple/list of tensors and other
+// objects) and the tensors among them; anything else goes through Python.
+py::object detach_outputs(
+    PyObject* out,
+    std::vector<const at::Tensor*>& tensors) {
+  if (is_tensor(out)) {
+    py::object detached = py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(THPVariable_Unpack(out).detach()));
+    if (!detached) {
+      throw python_error();
+    }
+    tensors.push_back(&THPVariable_Unpack(detached.ptr()));
+    return detached;
+  }
+  const bool is_tuple = PyTuple_CheckExact(out);
+  if (is_tuple || PyList_CheckExact(out)) {
+    const Py_ssize_t size =
+        is_tuple ? PyTuple_GET_SIZE(out) : PyList_GET_SIZE(out);
+    bool flat = true;
+    for (Py_ssize_t i = 0; i < size && flat; ++i) {
+      PyObject* item =
+          is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
+      flat = !(PyTuple_Check(item) || PyList_Check(item) || PyDict_Check(item));
+    }
+    if (flat) {
+      py::object copy = py::reinterpret_steal<py::object>(
+          is_tuple ? PyTuple_New(size) : PyList_New(size));
+      if (!copy) {
+        throw python_error();
+      }
+      std::vector<PyObject*> detached_items;
+      for (Py_ssize_t i = 0; i < size; ++i) {
+        PyObject* item =
+            is_tuple ? PyTuple_GET_ITEM(out, i) : PyList_GET_ITEM(out, i);
+        PyObject* kept = is_tensor(item)
+            ? THPVariable_Wrap(THPVariable_Unpack(item).detach())
+            : Py_NewRef(item);
+        if (kept == nullptr) {
+          throw python_error();
+        }
+        if (is_tuple) {
+          PyTuple_SET_ITEM(copy.ptr(), i, kept);
+        } else {
+          PyList_SET_ITEM(copy.ptr(), i, kept);
+        }
+        if (is_tensor(kept)) {
+          tensors.push_back(&THPVariable_Unpack(kept));
+        } else {
+          tensors.push_back(nullptr);
+        }
+      }
+      return copy;
+    }
+  }
+  // A pytree of another shape (higher-order ops, structseqs): Python flattens.
+  py::object pair = py::reinterpret_steal<py::object>(
+      PyObject_CallOneArg(config().detach_tree.ptr(), out));
+  if (!pair) {
+    throw python_error();
+  }
+  py::tuple result = pair.cast<py::tuple>();
+  for (py::handle leaf : result[1].cast<py::list>()) {
+    tensors.push_back(
+        is_tensor(leaf.ptr()) ? &THPVariable_Unpack(leaf.ptr()) : nullptr);
+  }
+  // result[1]'s tensors are inside result[0], which the entry keeps.
+  return result[0];
+}
+
+void cache_outputs(
+    SacState& state,
+    PyObject* mode,
+    PyObject* func,
+    PyObject* out) {
+  std::vector<const at::Tensor*> tensors;
+  EntryValue entry;
+  entry.value = detach_outputs(out, tensors);
+  std::tie(entry.code, entry.line) = user_frame();
+  entry.unpack = py::none();
+  state.cache.record_cached(func, tensors);
+  // With the user's saved-tensors hooks in force (and asked for), the cache
+  // keeps what their pack hook makes of the outputs; the counters above
+  // still watch the outputs themselves.
+  const Config& cfg = config();
+  py::object top = py::reinterpret_steal<py::object>(
+      PyObject_CallNoArgs(cfg.top_hooks.ptr()));
+  if (!top) {
+    throw python_error();
+  }
+  if (!top.is_none()) {
+    py::object hooks = py::reinterpret_steal<py::object>(
+        PyObject_CallOneArg(cfg.user_hooks.ptr(), mode));
+    if (!hooks) {
+      throw python_error();
+    }
+    if (!hooks.is_none()) {
+      py::tuple pair = hooks.cast<py::tuple>();
+      py::object packed =
+          py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
+              cfg.pack_value.ptr(), entry.value.ptr(), pair[0].ptr(), nullptr));
+      if (!packed) {
+        throw python_error();
+      }
+      entry.value = std::move(packed);
+      entry.unpack = pair[1];
+    }
+  }
+  state.values.push_back(std::move(entry));
+}
+
+struct DispatchArgs {
+  PyObject* mode;
+  PyObject* func;
+  PyObject* args; // a tuple
+  PyObject* kwargs; // a dict or None
+};
+
+// (self, func, types, args=(), kwargs=None), positionally or by keyword.
+DispatchArgs parse_dispatch_args(
+    PyObject* const* stack,
+    Py_ssize_t nargs,
+    PyObject* kwnames) {
+  static const char* const names[] = {
+      "self", "func", "types", "args", "kwargs"};
+  PyObject* values[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  if (nargs > 5) {
+    throw torch::TypeError("__torch_dispatch__() takes at most 5 arguments");
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    values[i] = stack[i];
+  }
+  const Py_ssize_t num_kw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t k = 0; k < num_kw; ++k) {
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    bool matched = false;
+    for (int i = 1; i < 5 && name != nullptr; ++i) {
+      if (std::string_view(name) == names[i]) {
+        values[i] = stack[nargs + k];
+        matched = true;
+      }
+    }
+    if (!matched) {
+      throw torch::TypeError(
+          std::string(
+              "__torch_dispatch__() got an unexpected keyword argument '") +
+          (name == nullptr ? "?" : name) + "'");
+    }
+  }
+  if (values[0] == nullptr || values[1] == nullptr) {
+    throw torch::TypeError("__torch_dispatch__() missing self or func");
+  }
+  static PyObject* empty = PyTuple_New(0);
+  PyObject* args = values[3] == nullptr ? empty : values[3];
+  if (!PyTuple_Check(args)) {
+    throw torch::TypeError("__torch_dispatch__(): args must be a tuple");
+  }
+  PyObject* kwargs = values[4] == nullptr ? Py_None : values[4];
+  if (kwargs != Py_None && !PyDict_Check(kwargs)) {
+    throw torch::TypeError(
+        "__torch_dispatch__(): kwargs must be a dict or None");
+  }
+  return {values[0], values[1], args, kwargs};
+}
+
+PyObject* forward_dispatch(
+    PyObject* /*unused*/,
+    PyObject* const* stack,
+    size_t nargsf,
+    PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  const DispatchArgs call =
+      parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
+  const OpInfo& info = op_info(call.func);
+  if (info.ignored) {
+    return run_op(info, call.args, call.kwargs).release().ptr();
+  }
+  SacState& state = *state_of_mode(call.mode);
+  const bool writes = !info.written.empty();
+  if (writes && !state.allow_mutation && state.cache.has_cached_outputs()) {
+    check_forward_write(state, info, call.args, call.kwargs);
+  }
+  py::object out = run_op(info, call.args, call.kwargs);
+  if (info.is_unsafe_view) {
+    share_unsafe_view_counter(out.ptr(), call.args);
+  }
+  const bool save =
+      policy_saves(state, info, call.func, call.args, call.kwargs, out.ptr());
+  // Views and writes always run again; see the docstring of checkpoint.py.
+  if (save && !info.is_view && !writes) {
+    cache_outputs(state, call.mode, call.func, out.ptr());
+  } else {
+    state.cache.record_recompute(call.func);
+  }
+  return out.release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* recompute_dispatch(
+    PyObject* /*unused*/,
+    PyObject* const* stack,
+    size_t nargsf,
+    PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  const DispatchArgs call =
+      parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
+  const OpInfo& info = op_info(call.func);
+  if (info.ignored) {
+    return run_op(info, call.args, call.kwargs).release().ptr();
+  }
+  SacState& state = *state_of_mode(call.mode);
+  const auto slot = state.cache.next_call(call.func);
+  using Kind = SelectiveCheckpointCache::SlotKind;
+  switch (slot.kind) {
+    case Kind::kRecompute:
+      return run_op(info, call.args, call.kwargs).release().ptr();
+    case Kind::kMissing:
+      raise_through(
+          config().missing_error,
+          {call.func,
+           py::int_(slot.call_index + 1),
+           py::int_(slot.forward_calls)});
+    case Kind::kConsumed:
+      raise_through(config().consumed_error, {call.func});
+    case Kind::kCached:
+      break;
+  }
+  EntryValue& entry = state.values.at(slot.entry);
+  if (!state.allow_mutation) {
+    if (auto change = state.cache.changed_output(slot.entry)) {
+      raise_through(
+          config().recompute_error,
+          {call.func,
+           py::int_(change->output_index),
+           py::str(location(entry)),
+           py::int_(change->expected),
+           py::int_(change->found)});
+    }
+  }
+  py::object value = std::move(entry.value);
+  entry.value = py::none();
+  state.cache.consume(slot.entry);
+  if (!entry.unpack.is_none()) {
+    PyObject* unpacked = PyObject_CallFunctionObjArgs(
+        config().unpack_value.ptr(), value.ptr(), entry.unpack.ptr(), nullptr);
+    entry.unpack = py::none();
+    return unpacked; // nullptr with the hook's error set
+  }
+  return value.release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef forward_def = {
+    "_sac_forward_dispatch",
+    reinterpret_cast<PyCFunction>(
+        reinterpret_cast<void (*)()>(forward_dispatch)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "__torch_dispatch__ of aliasguard.checkpoint's forward mode"};
+PyMethodDef recompute_def = {
+    "_sac_recompute_dispatch",
+    reinterpret_cast<PyCFunction>(
+        reinterpret_cast<void (*)()>(recompute_dispatch)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "__torch_dispatch__ of aliasguard.checkpoint's recompute mode"};
+
+// A builtin that binds to the instance it is looked up on, like a function.
+py::object as_method(PyMethodDef* def) {
+  py::object fn = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(def, nullptr, nullptr));
+  if (!fn) {
+    throw python_error();
+  }
+  py::object method =
+      py::reinterpret_steal<py::object>(PyInstanceMethod_New(fn.ptr()));
+  if (!method) {
+    throw python_error();
+  }
+  return method;
+}
+
+py::object intern(const char* text) {
+  PyObject* name = PyUnicode_FromString(text);
+  if (name == nullptr) {
+    throw python_error();
+  }
+  PyUnicode_InternInPlace(&name);
+  return py::reinterpret_steal<py::object>(name);
+}
+
+} // namespace
+
+void init_selective_checkpoint_bindings(py::module_& m) {
+  m.def("_sac_configure", [m](py::dict options) mutable {
+    Config& cfg = config();
+    auto take = [&](const char* key) -> py::object {
+      if (!options.contains(key)) {
+        throw py::key_error(std::string("_sac_configure: missing ") + key);
+      }
+      return options[key];
+    };
+    cfg.ignored_ops = take("ignored_ops");
+    cfg.op_overload_type = take("op_overload_type");
+    cfg.has_effects = take("has_effects");
+    cfg.unsafe_view = take("unsafe_view");
+    cfg.context_type = take("context_type");
+    cfg.policy_type = take("policy_type");
+    cfg.must_save = take("must_save");
+    cfg.prefer_save = take("prefer_save");
+    cfg.prefer_recompute = take("prefer_recompute");
+    cfg.coerce_policy = take("coerce_policy");
+    cfg.forward_error = take("forward_error");
+    cfg.recompute_error = take("recompute_error");
+    cfg.missing_error = take("missing_error");
+    cfg.consumed_error = take("consumed_error");
+    cfg.detach_tree = take("detach_tree");
+    cfg.pack_value = take("pack_value");
+    cfg.unpack_value = take("unpack_value");
+    cfg.top_hooks = take("top_hooks");
+    cfg.user_hooks = take("user_hooks");
+    cfg.library_prefixes =
+        take("library_prefixes").cast<std::vector<std::string>>();
+    cfg.correct_aliasing = m.attr("_correct_aliasing");
+    cfg.correction_enabled = m.attr("_is_alias_correction_enabled");
+    cfg.state_attribute = intern("_sac");
+    cfg.is_recompute_name = intern("is_recompute");
+    cfg.op_output_name = intern("op_output");
+    cfg.ready = true;
+  });
+
+  // The shared state of one checkpointed region's two modes.
+  m.def(
+      "_sac_new_state",
+      [](py::object policy_fn,
+         py::object saved_ops,
+         py::object effect_overrides,
+         bool allow_mutation) {
+        auto state = std::make_unique<SacState>();
+        state->policy_fn = std::move(policy_fn);
+        state->saved_ops = std::move(saved_ops);
+        for (py::handle op : state->saved_ops) {
+          state->saved_op_ptrs.insert(op.ptr());
+        }
+        state->effect_overrides = std::move(effect_overrides);
+        for (py::handle policy : state->effect_overrides) {
+          state->effect_override_ptrs.push_back(policy.ptr());
+        }
+        state->allow_mutation = allow_mutation;
+        PyObject* capsule =
+            PyCapsule_New(state.get(), kStateCapsule, [](PyObject* obj) {
+              delete static_cast<SacState*>(
+                  PyCapsule_GetPointer(obj, kStateCapsule));
+            });
+        if (capsule == nullptr) {
+          throw python_error();
+        }
+        state.release();
+        return py::reinterpret_steal<py::object>(capsule);
+      },
+      py::arg("policy_fn"),
+      py::arg("saved_ops"),
+      py::arg("effect_overrides"),
+      py::arg("allow_mutation"));
+  m.def("_sac_end_forward", [](py::handle capsule) {
+    state_of_capsule(capsule.ptr())->cache.end_forward();
+  });
+  m.def("_sac_begin_recompute", [](py::handle capsule) {
+    state_of_capsule(capsule.ptr())->cache.begin_recompute();
+  });
+  // (op, value or None once consumed, "file:line") per cached op call.
+  m.def("_sac_entries", [](py::handle capsule) {
+    SacState& state = *state_of_capsule(capsule.ptr());
+    py::list entries;
+    for (size_t i = 0; i < state.values.size(); ++i) {
+      auto* op = reinterpret_cast<PyObject*>(
+          const_cast<void*>(state.cache.entry_op(i)));
+      entries.append(py::make_tuple(
+          py::reinterpret_borrow<py::object>(op),
+          state.values[i].value,
+          location(state.values[i])));
+    }
+    return entries;
+  });
+  m.attr("_sac_forward_dispatch") = as_method(&forward_def);
+  m.attr("_sac_recompute_dispatch") = as_method(&recompute_def);
+}
+
+} // namespace aliasguard::autograd

@@ -1,0 +1,115 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/macros/AliasguardExport.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+// The bookkeeping of selective activation checkpointing (SAC) that needs no
+// Python: which op calls were cached, under which version counters, and what
+// the recompute finds. The Python adapter
+// (torch/csrc/autograd/python_selective_checkpoint.cpp) keeps the cached
+// values themselves and runs the ops.
+
+namespace aliasguard::autograd {
+
+// Identifies an op for the per-op call counts; the adapter passes the
+// address of the op's Python object (an OpOverload is a singleton per
+// overload, and the adapter keeps it alive while the cache lives).
+using OpKey = const void*;
+
+// Note [SAC cache keyed by version counter]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A cached output is stale once anything writes to its memory. Every write
+// that autograd can see goes through a tensor sharing the output's version
+// counter (the output itself, a view, the detached alias the cache holds:
+// below autograd, detach keeps the counter, see DetachKeepVersionCounter.h).
+// So the forward pass indexes the cached outputs by counter identity (see
+// Note [Version counter identity]): checking an in-place op's written
+// arguments is one hash lookup each, however many outputs are cached. After
+// the forward pass the index is dropped; each entry keeps its counters (not
+// the tensors: with saved-tensors hooks the memory may be elsewhere) and the
+// versions at caching time, and the recompute compares them.
+class ALIASGUARD_API SelectiveCheckpointCache {
+ public:
+  // Where the recompute stands for one call of an op.
+  enum class SlotKind : uint8_t {
+    kRecompute, // the forward pass did not cache it: run the op
+    kCached, // hand back entry `entry`
+    kConsumed, // already handed back to an earlier recompute
+    kMissing, // the forward pass made fewer calls of this op
+  };
+  struct Slot {
+    SlotKind kind = SlotKind::kMissing;
+    size_t entry = 0; // kCached, kConsumed
+    size_t forward_calls = 0; // calls of the op in the forward pass
+    size_t call_index = 0; // this call's index among the recompute's calls
+  };
+  // A cached output found by its counter.
+  struct CachedOutput {
+    size_t entry;
+    size_t output_index;
+  };
+  // A cached output whose version moved after the forward pass.
+  struct VersionChange {
+    size_t output_index;
+    uint32_t expected;
+    uint32_t found;
+  };
+
+  // --- forward pass ---
+  // The op's call is recomputed.
+  void record_recompute(OpKey op);
+  // The op's call is cached; `outputs` are its outputs in order, undefined
+  // for non-tensor outputs. Returns the entry's index.
+  size_t record_cached(OpKey op, const std::vector<const at::Tensor*>& outputs);
+  // The cached output sharing `written`'s version counter, if any.
+  std::optional<CachedOutput> find_cached(const c10::TensorImpl& written) const;
+  bool has_cached_outputs() const {
+    return !by_counter_.empty();
+  }
+  // Forgets the counter index (the forward pass is over).
+  void end_forward();
+
+  // --- recompute ---
+  // Restarts the per-op call counts (each backward recomputes from the start).
+  void begin_recompute();
+  // The slot of the next call of `op`.
+  Slot next_call(OpKey op);
+  // The first cached output of `entry` modified since it was cached.
+  std::optional<VersionChange> changed_output(size_t entry) const;
+  // Marks `entry` handed back; its counters are released.
+  void consume(size_t entry);
+
+  size_t num_entries() const {
+    return entries_.size();
+  }
+  OpKey entry_op(size_t entry) const {
+    return entries_.at(entry).op;
+  }
+
+ private:
+  static constexpr size_t kRecomputeSlot = static_cast<size_t>(-1);
+
+  struct Entry {
+    OpKey op = nullptr;
+    // Per output; a default (disabled) counter for non-tensor outputs.
+    std::vector<c10::VariableVersion> counters;
+    std::vector<uint32_t> versions;
+    bool consumed = false;
+  };
+
+  std::vector<Entry> entries_;
+  // Per op, one slot per forward call: an entry index or kRecomputeSlot.
+  std::unordered_map<OpKey, std::vector<size_t>> slots_;
+  // See Note [SAC cache keyed by version counter].
+  std::unordered_map<const void*, CachedOutput> by_counter_;
+  std::unordered_map<OpKey, size_t> recompute_calls_;
+};
+
+} // namespace aliasguard::autograd
