@@ -82,3 +82,21 @@ def test_tracing_infrastructure_is_recognised_and_user_modes_are_not():
     assert _torch_internals.is_tracing_infrastructure(FunctionalTensorMode)
     assert not _torch_internals.is_tracing_infrastructure(UserMode)
     assert not _torch_internals.is_tracing_infrastructure(torch.Tensor)
+
+
+def test_import_under_inference_mode_and_no_grad():
+    # The self-test runs at import; fresh tensors under inference_mode have no
+    # version counter, so it must not judge the internals by them.
+    result = run_python(
+        """
+        import torch
+        with torch.inference_mode(), torch.no_grad():
+            import aliasguard
+        x = torch.zeros(2)
+        with torch.inference_mode():
+            y = torch.ones(2)
+        print("ok", torch.is_inference_mode_enabled(), y.is_inference())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok", "False", "True"]

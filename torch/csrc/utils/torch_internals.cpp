@@ -115,9 +115,6 @@ void check_audit_key(std::vector<std::string>& problems) {
 
 // The attr_version trick must make autograd build an as_strided grad_fn.
 void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
-  if (c10::InferenceMode::is_enabled()) {
-    return; // no autograd to check (imported under inference_mode)
-  }
   const c10::AutoGradMode grad_mode(true);
   try {
     const at::Tensor base = at::ones({4}).set_requires_grad(true);
@@ -153,13 +150,16 @@ void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
 } // namespace
 
 std::vector<std::string> torch_internals_self_test() {
+  // The checks need tensors with version counters and autograd metadata;
+  // `import aliasguard` may run under torch.inference_mode(), where fresh
+  // tensors have neither. Leaving inference mode for this scope is allowed
+  // there and changes nothing outside it.
+  const c10::InferenceMode normal_tensors(/*enabled=*/false);
   std::vector<std::string> problems;
   check_version_counter_identity(problems);
   check_audit_key(problems);
   check_view_grad_fn_rebuild(problems);
-  if (!c10::InferenceMode::is_enabled()) {
-    check_autograd_meta_kind(problems);
-  }
+  check_autograd_meta_kind(problems);
   return problems;
 }
 
