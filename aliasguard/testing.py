@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from aliasguard._torch_internals import TorchDispatchMode
 
-__all__ = ["WrapperTensor", "StorageTracker"]
+__all__ = ["WrapperTensor", "InnerTensor", "StorageTracker"]
 
 
 class StorageTracker(TorchDispatchMode):
@@ -89,3 +89,24 @@ class WrapperTensor(torch.Tensor):
         out = func(*unwrapped, **tree_map(unwrap, kwargs or {}))
         cls.on_dispatch(func, unwrapped, out)
         return tree_map(lambda t: cls(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+class InnerTensor(torch.Tensor):
+    """A ``_make_wrapper_subclass`` tensor around one real tensor, ``elem``, with its strides and offset.
+
+    Only construction: no ``__torch_dispatch__`` of its own, so each subclass
+    writes the dispatch it wants to test (unlike :class:`WrapperTensor`,
+    whose wrappers are contiguous and share one dispatch).
+    """
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> "InnerTensor":  # noqa: D102
+        wrapper: InnerTensor = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype
+        )
+        return wrapper
+
+    def __init__(self, elem: torch.Tensor) -> None:
+        self.elem = elem

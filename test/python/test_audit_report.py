@@ -14,6 +14,7 @@ import aliasguard
 from aliasguard import AliasingError, AuditReport, _C
 from aliasguard._aliasing import _audit_new_threads, _NewThreadAudit
 from aliasguard._report import VIOLATION_KINDS, describe_violation
+from aliasguard.testing import InnerTensor
 
 aten = torch.ops.aten
 
@@ -33,22 +34,13 @@ class PassThrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class Inner(torch.Tensor):
+class Inner(InnerTensor):
     """A traceable wrapper over one inner tensor. ``copy_views`` makes its view handler copy the
     inner data (the bug the inner-tensor check exists for); ``correct`` ends the handler with
     upstream's return_and_correct_aliasing."""
 
     copy_views = False
     correct = False
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype
-        )
-
-    def __init__(self, elem):
-        self.elem = elem
 
     def __tensor_flatten__(self):
         return ["elem"], None

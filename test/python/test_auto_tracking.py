@@ -13,45 +13,12 @@ from torch.utils._pytree import tree_map_only
 
 import aliasguard
 from aliasguard import AliasingError, _C, shares_version_counter
+from aliasguard.__main__ import SEED_SCRIPT  # the upstream reproduction, verbatim; one copy
+from aliasguard.testing import InnerTensor, WrapperTensor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 aten = torch.ops.aten
-
-# The reproduction from the upstream issue (shared/upstream-issue-discussion.txt,
-# first message), verbatim; only the imports it leaves implicit are added.
-SEED_SCRIPT = '''\
-saved_b = None
-
-class SaveATensorMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        global saved_b
-        kwargs = {} if kwargs is None else kwargs
-        out = func(*args, **kwargs)
-        if func == torch.ops.aten.sin.default:
-          saved_b = out.view_as(out)
-        return out
-
-a = torch.tensor(1.)
-with SaveATensorMode():
-    b = torch.sin(a)
-
-assert b.data_ptr() == saved_b.data_ptr()
-
-old_b_version = b._version
-old_saved_b_version = saved_b._version
-b.mul_(2)
-
-print(b._version > old_b_version)  # True
-print(saved_b._version > old_saved_b_version)  # False
-
-old_b_version = b._version
-old_saved_b_version = saved_b._version
-saved_b.mul_(2)
-
-print(b._version > old_b_version)  # False
-print(saved_b._version > old_saved_b_version)  # True
-'''
 
 
 def run_python(code, *args):
@@ -101,20 +68,11 @@ class UntrackedSaveMode(SaveMode):
     __aliasguard_track_views__ = False
 
 
-class SavingWrapper(torch.Tensor):
+class SavingWrapper(InnerTensor):
     """A wrapper subclass keeping `save(inner output)` of every sin it runs."""
 
     save = None
     saved: list = []
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype
-        )
-
-    def __init__(self, elem):
-        self.elem = elem
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -539,14 +497,7 @@ class Boom(RuntimeError):
     pass
 
 
-class RaisingWrapper(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
-
-    def __init__(self, elem):
-        self.elem = elem
-
+class RaisingWrapper(WrapperTensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if func is aten.add_.Tensor:
