@@ -649,11 +649,15 @@ DispatchArgs parse_dispatch_args(
   return {values[0], values[1], args, kwargs};
 }
 
-PyObject* forward_dispatch(
-    PyObject* /*unused*/,
+// What both modes' __torch_dispatch__ share: parse the call, run ignored ops
+// straight through (they never touch the cache), then hand the op and the
+// mode's state to `body`. A template so that each entry stays one direct call.
+template <typename Body>
+PyObject* sac_dispatch(
     PyObject* const* stack,
     size_t nargsf,
-    PyObject* kwnames) {
+    PyObject* kwnames,
+    Body&& body) {
   HANDLE_TH_ERRORS
   const DispatchArgs call =
       parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
@@ -661,7 +665,14 @@ PyObject* forward_dispatch(
   if (info.ignored) {
     return run_op(info, call.args, call.kwargs).release().ptr();
   }
-  SacState& state = *state_of_mode(call.mode);
+  return body(call, info, *state_of_mode(call.mode));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* forward_dispatch_body(
+    const DispatchArgs& call,
+    const OpInfo& info,
+    SacState& state) {
   const bool writes = !info.written.empty();
   if (writes && !state.allow_mutation && state.cache.has_cached_outputs()) {
     check_forward_write(state, info, call.args, call.kwargs);
@@ -679,22 +690,12 @@ PyObject* forward_dispatch(
     state.cache.record_recompute(call.func);
   }
   return out.release().ptr();
-  END_HANDLE_TH_ERRORS
 }
 
-PyObject* recompute_dispatch(
-    PyObject* /*unused*/,
-    PyObject* const* stack,
-    size_t nargsf,
-    PyObject* kwnames) {
-  HANDLE_TH_ERRORS
-  const DispatchArgs call =
-      parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
-  const OpInfo& info = op_info(call.func);
-  if (info.ignored) {
-    return run_op(info, call.args, call.kwargs).release().ptr();
-  }
-  SacState& state = *state_of_mode(call.mode);
+PyObject* recompute_dispatch_body(
+    const DispatchArgs& call,
+    const OpInfo& info,
+    SacState& state) {
   const auto slot = state.cache.next_call(call.func);
   using Kind = SelectiveCheckpointCache::SlotKind;
   switch (slot.kind) {
@@ -733,7 +734,22 @@ PyObject* recompute_dispatch(
     return unpacked; // nullptr with the hook's error set
   }
   return value.release().ptr();
-  END_HANDLE_TH_ERRORS
+}
+
+PyObject* forward_dispatch(
+    PyObject* /*unused*/,
+    PyObject* const* stack,
+    size_t nargsf,
+    PyObject* kwnames) {
+  return sac_dispatch(stack, nargsf, kwnames, forward_dispatch_body);
+}
+
+PyObject* recompute_dispatch(
+    PyObject* /*unused*/,
+    PyObject* const* stack,
+    size_t nargsf,
+    PyObject* kwnames) {
+  return sac_dispatch(stack, nargsf, kwnames, recompute_dispatch_body);
 }
 
 PyMethodDef forward_def = {
