@@ -35,16 +35,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="with --aliasguard-audit: also write the report to FILE as JSON",
     )
+    group.addoption(
+        "--aliasguard-audit-kernels",
+        action="store_true",
+        default=False,
+        help="with --aliasguard-audit: also check kernels (ops that reach no __torch_dispatch__), "
+        "as aliasguard.audit(kernels=True)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     mode = config.getoption("--aliasguard-audit")
     if mode is None:
-        if config.getoption("--aliasguard-audit-json"):
-            raise pytest.UsageError("--aliasguard-audit-json needs --aliasguard-audit")
+        for needs_audit in ("--aliasguard-audit-json", "--aliasguard-audit-kernels"):
+            if config.getoption(needs_audit):
+                raise pytest.UsageError(f"{needs_audit} needs --aliasguard-audit")
         return
     if config.pluginmanager.has_plugin("aliasguard-audit"):
         return
     from aliasguard.pytest_plugin import AuditPlugin
 
-    config.pluginmanager.register(AuditPlugin(config, strict=mode == "strict"), "aliasguard-audit")
+    plugin = AuditPlugin(config, strict=mode == "strict", kernels=config.getoption("--aliasguard-audit-kernels"))
+    config.pluginmanager.register(plugin, "aliasguard-audit")

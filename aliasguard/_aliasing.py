@@ -163,11 +163,12 @@ def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:
 
 
 @contextlib.contextmanager
-def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport]]:
+def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> Iterator[Optional[AuditReport]]:
     """Check every op run inside the block against its schema's alias annotations.
 
-    For every op dispatched on this thread (plain tensors, tensor subclasses
-    and modes alike, and the backward ops it triggers), after it ran:
+    For every op dispatched on this thread (and the backward ops it
+    triggers) that reaches a ``__torch_dispatch__`` (a tensor subclass's or
+    an active mode's), after it ran:
 
     * outputs without alias annotation share memory with no input;
     * view outputs share their input's storage and version counter (and, for
@@ -195,15 +196,27 @@ def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport
     decorator; nests (the innermost scope's report receives); scopes may end
     in any order.
 
+    Args:
+        report: where to record violations instead of raising.
+        kernels: also check ops that reach no ``__torch_dispatch__``: plain
+            tensors' kernels, in C++ or registered with ``torch.library`` on
+            a backend or autograd key. Off by default: autograd trusts
+            kernels as it trusts torch's own, and
+            ``torch.library.opcheck`` is made for testing them. While a
+            scope with ``kernels=True`` is open, every audited thread checks
+            kernels (backward ops may run on autograd's worker threads).
+
     Raises:
-        RuntimeError: the dispatch key the audit borrows
-            (``TESTING_ONLY_GenericMode``) has a fallback registered by
-            someone else.
-        TypeError: ``report`` is not an :class:`AuditReport`.
+        RuntimeError: the dispatch key the audit borrows (``DeferredInit``)
+            has a fallback registered by someone else.
+        TypeError: ``report`` is not an :class:`AuditReport`, or
+            ``kernels`` is not a bool.
     """
     if report is not None and not isinstance(report, AuditReport):
         raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type(report).__name__}")
-    _C._enter_alias_audit()
+    if not isinstance(kernels, bool):
+        raise TypeError(f"audit(): kernels must be a bool, got {type(kernels).__name__}")
+    _C._enter_alias_audit(kernels)
     _higher_order_ops_fall_through()
     _scopes.reports.append(report)
     if report is not None:
@@ -216,7 +229,7 @@ def audit(report: Optional[AuditReport] = None) -> Iterator[Optional[AuditReport
         if report is not None:
             with _open_reports_lock:
                 _remove_last(_open_reports, report)
-        _C._exit_alias_audit()
+        _C._exit_alias_audit(kernels)
 
 
 class _NewThreadAudit:

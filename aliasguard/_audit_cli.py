@@ -23,9 +23,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m aliasguard audit",
         description="Run a Python script under aliasguard.audit() in report mode and print every "
-        "aliasing violation its tensor subclasses, modes and kernels commit.",
+        "aliasing violation its tensor subclasses and modes commit.",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the report to FILE as JSON")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also check kernels (ops that reach no __torch_dispatch__), as aliasguard.audit(kernels=True)",
+    )
     parser.add_argument("script", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -46,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
     status = 0
     try:
-        with aliasguard.audit(report=report), _audit_new_threads(report):
+        with aliasguard.audit(report=report, kernels=options.kernels), _audit_new_threads(report):
             runpy.run_path(options.script, run_name="__main__")
     except SystemExit as exit_:
         code = exit_.code

@@ -136,7 +136,7 @@ def is_audit_quiet_infrastructure(cls: type) -> bool:
 # includes: torch._ops._higher_order_ops lists them, and their
 # non_fallthrough_keys is the set they consult. Upstream: a public mode-stack
 # accessor, and a dedicated audit key that higher-order operators know.
-_AUDIT_DISPATCH_KEY = "TESTING_ONLY_GenericMode"  # torch_internals.h: kAuditDispatchKey
+_AUDIT_DISPATCH_KEY = "DeferredInit"  # torch_internals.h: kAuditDispatchKey
 
 
 def current_dispatch_modes() -> List[Any]:
@@ -340,8 +340,8 @@ def _check_python_internals() -> List[str]:
         "is no longer a dict of higher-order operators with non_fallthrough_keys",
     )
     expect(
-        "torch._C.DispatchKeySet('TESTING_ONLY_GenericMode')",
-        lambda: repr(audit_key_set()) == "DispatchKeySet(TESTING_ONLY_GenericMode)",
+        "torch._C.DispatchKeySet('DeferredInit')",
+        lambda: repr(audit_key_set()) == "DispatchKeySet(DeferredInit)",
         "does not name the key the audit borrows",
     )
     expect(
@@ -398,7 +398,7 @@ def _check_python_internals() -> List[str]:
     expect(
         "torch._C._dispatch_has_kernel_for_dispatch_key",
         lambda: has_kernel_for_dispatch_key("aten::add.Tensor", "CPU")
-        and not has_kernel_for_dispatch_key("aten::add.Tensor", "TESTING_ONLY_GenericMode"),
+        and not has_kernel_for_dispatch_key("aten::add.Tensor", _AUDIT_DISPATCH_KEY),
         "gives wrong answers for aten::add.Tensor",
     )
     return problems

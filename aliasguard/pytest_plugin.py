@@ -38,12 +38,13 @@ from aliasguard_pytest import pytest_addoption, pytest_configure  # noqa: E402,F
 class AuditPlugin:
     """The per-session state: the session's report, the test being audited."""
 
-    def __init__(self, config: pytest.Config, strict: bool) -> None:
+    def __init__(self, config: pytest.Config, strict: bool, kernels: bool = False) -> None:
         import aliasguard  # deferred: only sessions that audit import torch
 
         self._aliasguard = aliasguard
         self.config = config
         self.strict = strict
+        self.kernels = kernels
         self.report: AuditReport = aliasguard.AuditReport()
         self._retained = False
 
@@ -67,7 +68,7 @@ class AuditPlugin:
 
         report = self._aliasguard.AuditReport(context=item.nodeid)
         try:
-            with self._aliasguard.audit(report=report), _audit_new_threads(report):
+            with self._aliasguard.audit(report=report, kernels=self.kernels), _audit_new_threads(report):
                 result = yield
         finally:
             self.report.merge(report)

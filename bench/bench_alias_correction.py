@@ -12,7 +12,7 @@
    directly: a dispatch body that only hands out prepared outputs, called
    bare, through aliasguard's wrapper, or followed by upstream's helper (or
    by ``aliasguard.correct_aliasing``, its drop-in replacement).
-2. A small MLP's forward + backward: plain vs ``aliasguard.audit()`` vs
+2. A small MLP's forward + backward: plain vs ``aliasguard.audit(kernels=True)`` vs
    ``torch._subclasses.schema_check_mode.SchemaCheckMode``.
 
 Medians over interleaved rounds, thread CPU time (other processes' load
@@ -222,7 +222,9 @@ def model_step(rounds: int) -> Samples:
         model(x).sum().backward()
 
     def audited():
-        with aliasguard.audit():
+        # Plain tensors reach no __torch_dispatch__: kernels=True makes the
+        # audit check every op, as SchemaCheckMode does.
+        with aliasguard.audit(kernels=True):
             step()
 
     def schema_checked():

@@ -501,19 +501,23 @@ at::Tensor call_test_op(const char* name, const at::Tensor& self) {
 namespace ag = aliasguard::utils;
 
 struct AuditGuard {
-  AuditGuard() {
-    ag::enter_alias_audit();
+  explicit AuditGuard(bool check_kernels = false)
+      : check_kernels_(check_kernels) {
+    ag::enter_alias_audit(check_kernels_);
   }
   ~AuditGuard() {
-    ag::exit_alias_audit();
+    ag::exit_alias_audit(check_kernels_);
   }
   AuditGuard(const AuditGuard&) = delete;
   AuditGuard& operator=(const AuditGuard&) = delete;
+
+ private:
+  bool check_kernels_;
 };
 
 bool audit_fallback_registered() {
   return c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(
-      c10::DispatchKey::TESTING_ONLY_GenericMode);
+      c10::DispatchKey::DeferredInit);
 }
 
 TEST(AliasAuditFallback, RegisteredOnlyWhileAScopeIsOpen) {
@@ -565,7 +569,7 @@ TEST(AliasAuditFallback, ExitWithoutEnterIsAnError) {
 
 TEST(AliasAuditFallback, RefusesAKeyTakenBySomeoneElse) {
   auto handle = c10::Dispatcher::singleton().registerFallback(
-      c10::DispatchKey::TESTING_ONLY_GenericMode,
+      c10::DispatchKey::DeferredInit,
       c10::KernelFunction::makeFallthrough(),
       "another user of the key");
   try {
@@ -573,15 +577,14 @@ TEST(AliasAuditFallback, RefusesAKeyTakenBySomeoneElse) {
     ADD_FAILURE() << "expected an error";
   } catch (const c10::Error& error) {
     EXPECT_NE(
-        std::string(error.what()).find("TESTING_ONLY_GenericMode"),
-        std::string::npos);
+        std::string(error.what()).find("DeferredInit"), std::string::npos);
   }
   EXPECT_FALSE(ag::is_alias_audit_enabled());
   EXPECT_EQ(ag::alias_audit_scopes(), 0u);
 }
 
 TEST(AliasAuditFallback, StockOpsPassIncludingBackward) {
-  AuditGuard audit;
+  AuditGuard audit(/*check_kernels=*/true);
   at::Tensor x = at::randn({4, 4}).set_requires_grad(true);
   at::Tensor y = x.view({16}).mul(2).view({4, 4}).t().matmul(x);
   auto pieces = y.split(2);
@@ -593,12 +596,20 @@ TEST(AliasAuditFallback, StockOpsPassIncludingBackward) {
   EXPECT_TRUE(x.grad().defined());
 }
 
-TEST(AliasAuditFallback, ReportsABrokenKernelOnlyWhenEnabled) {
+TEST(AliasAuditFallback, ChecksKernelsOnlyWhenAsked) {
   at::Tensor x = at::ones({3});
   EXPECT_TRUE(
       call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
   {
+    // See Note [Alias audit]: a plain tensor's op reaches no
+    // __torch_dispatch__, so only its kernel could break the schema.
     AuditGuard audit;
+    EXPECT_TRUE(
+        call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
+    call_test_op("aliasguard_audit_test::copying_view", x);
+  }
+  {
+    AuditGuard audit(/*check_kernels=*/true);
     const AliasingError error = expect_aliasing_error(
         [&] { call_test_op("aliasguard_audit_test::returns_input", x); });
     EXPECT_EQ(error.op(), "aliasguard_audit_test::returns_input");
@@ -626,9 +637,25 @@ bool record_violation(
   return true;
 }
 
+TEST(AliasAuditFallback, KernelChecksLastWhileAnyScopeAsksForThem) {
+  const at::Tensor x = at::ones({3});
+  auto kernels = std::make_unique<AuditGuard>(/*check_kernels=*/true);
+  {
+    AuditGuard plain;
+    expect_aliasing_error(
+        [&] { call_test_op("aliasguard_audit_test::returns_input", x); });
+  }
+  kernels.reset();
+  AuditGuard plain;
+  call_test_op("aliasguard_audit_test::returns_input", x);
+  // Ending a kernel-checking scope that was never opened changes nothing.
+  EXPECT_THROW(ag::exit_alias_audit(/*check_kernels=*/true), c10::Error);
+  EXPECT_EQ(ag::alias_audit_depth(), 1u);
+}
+
 TEST(AliasAuditFallback, ReporterMayReplaceTheException) {
   ag::set_alias_audit_error_reporter(&throw_runtime_error);
-  AuditGuard audit;
+  AuditGuard audit(/*check_kernels=*/true);
   try {
     call_test_op("aliasguard_audit_test::returns_input", at::ones({2}));
     ADD_FAILURE() << "expected the reporter's exception";
@@ -648,7 +675,7 @@ TEST(AliasAuditFallback, AReporterThatRecordsLetsTheResultStand) {
   recorded_violations = 0;
   at::Tensor x = at::ones({2});
   {
-    AuditGuard audit;
+    AuditGuard audit(/*check_kernels=*/true);
     EXPECT_TRUE(
         call_test_op("aliasguard_audit_test::returns_input", x).is_same(x));
     call_test_op("aliasguard_audit_test::honest_clone", x);
@@ -658,7 +685,7 @@ TEST(AliasAuditFallback, AReporterThatRecordsLetsTheResultStand) {
 }
 
 TEST(AliasAuditFallback, UnsafeSplitsShareMemoryByDesign) {
-  AuditGuard audit;
+  AuditGuard audit(/*check_kernels=*/true);
   at::Tensor x = at::randn({6});
   EXPECT_EQ(at::unsafe_split(x, 2).size(), 3u);
   EXPECT_EQ(at::unsafe_split_with_sizes(x, {2, 4}).size(), 2u);

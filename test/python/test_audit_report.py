@@ -257,10 +257,10 @@ def test_honest_wrappers_pass_the_inner_check():
 
 
 def test_fallback_is_registered_only_while_auditing_and_the_key_can_be_used_by_others():
-    lib = torch.library.Library("_", "IMPL")  # what test_python_dispatch's test_fallback does
+    lib = torch.library.Library("_", "IMPL")
     try:
-        lib.fallback(lambda op, *args, **kwargs: op(*args, **kwargs), "TESTING_ONLY_GenericMode")
-        with pytest.raises(RuntimeError, match="TESTING_ONLY_GenericMode.*already has a fallback registered"):
+        lib.fallback(lambda op, *args, **kwargs: op(*args, **kwargs), "DeferredInit")
+        with pytest.raises(RuntimeError, match="DeferredInit.*already has a fallback registered"):
             with aliasguard.audit():
                 pass
         assert not _C._is_alias_audit_enabled() and _C._alias_audit_scopes() == 0
@@ -362,3 +362,74 @@ def test_c10d_collectives_are_quiet():
             dist.all_gather([torch.empty(3)], t)
     finally:
         dist.destroy_process_group()
+
+
+# --- kernels: checked only when asked (issue 8) ----------------------------------
+
+
+@pytest.fixture
+def input_returning_kernel():
+    """A CPU kernel, registered the way test_python_dispatch's sum2/sum4 are, that returns its
+    input for a fresh return: a schema violation that autograd trusts kernels not to make."""
+    lib = torch.library.Library("aliasguard_audit_kernels", "DEF")
+    try:
+        lib.define("returns_input(Tensor self) -> Tensor")
+        lib.impl("returns_input", lambda t: t, "CPU")
+        yield torch.ops.aliasguard_audit_kernels.returns_input.default
+    finally:
+        lib._destroy()
+
+
+def test_kernels_are_not_checked_by_default(input_returning_kernel):
+    x = torch.ones(2)
+    with aliasguard.audit():
+        assert input_returning_kernel(x) is x
+    with aliasguard.audit(report=AuditReport()) as report:
+        input_returning_kernel(x)
+    assert not report, report.format()
+
+
+def test_kernels_true_checks_kernels(input_returning_kernel):
+    x = torch.ones(2)
+    with pytest.raises(AliasingError) as info:
+        with aliasguard.audit(kernels=True):
+            input_returning_kernel(x)
+    assert (info.value.op, info.value.kind) == ("aliasguard_audit_kernels::returns_input", "fresh_is_argument")
+    with aliasguard.audit(report=AuditReport(), kernels=True) as report:
+        input_returning_kernel(x)
+    (entry,) = report.violations()
+    assert (entry.op, entry.kind) == ("aliasguard_audit_kernels::returns_input", "fresh_is_argument")
+    assert "a kernel" in entry.owner
+
+
+def test_kernels_checked_while_any_kernels_scope_is_open(input_returning_kernel):
+    x = torch.ones(2)
+    outer = aliasguard.audit(kernels=True)
+    outer.__enter__()
+    try:
+        with pytest.raises(AliasingError, match="returns_input"):
+            with aliasguard.audit():
+                input_returning_kernel(x)
+    finally:
+        outer.__exit__(None, None, None)
+    with aliasguard.audit():
+        input_returning_kernel(x)  # the kernels scope is closed
+    assert _C._alias_audit_scopes() == 0
+
+
+def test_kernels_must_be_a_bool():
+    with pytest.raises(TypeError, match="kernels must be a bool, got int"):
+        with aliasguard.audit(kernels=1):  # type: ignore[arg-type]
+            pass
+    assert not _C._is_alias_audit_enabled() and _C._alias_audit_scopes() == 0
+
+
+def test_exit_with_kernels_and_no_kernels_scope_changes_nothing():
+    _C._enter_alias_audit(False)
+    try:
+        with pytest.raises(RuntimeError, match="no audit scope that checks kernels is open"):
+            _C._exit_alias_audit(True)
+        assert _C._alias_audit_depth() == 1
+    finally:
+        _C._exit_alias_audit(False)
+    assert _C._alias_audit_depth() == 0

@@ -247,3 +247,41 @@ def test_cli_passes_arguments_and_exit_status(tmp_path) -> None:
     assert failing.returncode == 3
     missing = _run_cli("nope.py", cwd=str(tmp_path))
     assert missing.returncode == 2 and "no such script: nope.py" in missing.stderr
+
+
+KERNEL_SCRIPT = textwrap.dedent(
+    """
+    import torch
+
+    lib = torch.library.Library("aliasguard_cli_kernels", "DEF")
+    lib.define("returns_input(Tensor self) -> Tensor")
+    lib.impl("returns_input", lambda t: t, "CPU")  # bug: a fresh return answered with the input
+    torch.ops.aliasguard_cli_kernels.returns_input(torch.ones(2))
+    """
+)
+
+
+def test_cli_checks_kernels_only_with_kernels(tmp_path) -> None:
+    (tmp_path / "kernel.py").write_text(KERNEL_SCRIPT)
+    default = _run_cli("kernel.py", cwd=str(tmp_path))
+    assert default.returncode == 0 and "no aliasing violations" in default.stderr, default.stderr
+    json_path = tmp_path / "kernels.json"
+    checked = _run_cli("--kernels", "--json", str(json_path), "kernel.py", cwd=str(tmp_path))
+    assert checked.returncode == 1, checked.stderr
+    (violation,) = json.loads(json_path.read_text())["violations"]
+    assert (violation["op"], violation["kind"], violation["location"]) == (
+        "aliasguard_cli_kernels::returns_input",
+        "fresh_is_argument",
+        "kernel.py:7",
+    )
+
+
+def test_plugin_checks_kernels_only_with_the_kernels_option(pytester: pytest.Pytester, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO_ROOT, str(pytester.path)]))
+    pytester.makepyfile(test_kernel="def test_kernel():\n" + textwrap.indent(KERNEL_SCRIPT, "    "))
+    common = ("-p", "aliasguard_pytest", "--aliasguard-audit=strict", "-p", "no:cacheprovider")
+    pytester.runpytest_subprocess(*common).assert_outcomes(passed=1)
+    pytester.runpytest_subprocess(*common, "--aliasguard-audit-kernels").assert_outcomes(failed=1)
+    bad = pytester.runpytest_subprocess("-p", "aliasguard_pytest", "--aliasguard-audit-kernels")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--aliasguard-audit-kernels needs --aliasguard-audit" in bad.stderr.str()

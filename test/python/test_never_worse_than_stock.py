@@ -9,20 +9,55 @@ where there is one (``tools/run_upstream_suites.py``).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 import aliasguard
 
 # --- audit() registration and state --------------------------------------
 
 
-def test_generic_mode_fallback_is_free_while_no_audit_is_active():
+@pytest.mark.parametrize("key", ["TESTING_ONLY_GenericMode", "TESTING_ONLY_GenericWrapper"])
+@pytest.mark.parametrize("auditing", [False, True], ids=["no_audit", "inside_audit"])
+def test_testing_only_keys_stay_free(key, auditing):
+    # What test_python_dispatch's test_fallback* do: register a fallback on the
+    # TESTING_ONLY keys, include the key, and see it called. The audit borrows
+    # another key, so this works inside audit() too, and the audit still sees
+    # the ops.
+    seen = []
+    key_set = torch._C.DispatchKeySet(key)
+
+    def fallback(op, *args, **kwargs):
+        seen.append(op)
+        with torch._C._ForceDispatchKeyGuard(
+            torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set() | key_set
+        ):
+            return op(*args, **kwargs)
+
     lib = torch.library.Library("_", "IMPL")
     try:
-        lib.fallback(lambda op, *args, **kwargs: op(*args, **kwargs), "TESTING_ONLY_GenericMode")
+        lib.fallback(fallback, key)
+        with aliasguard.audit() if auditing else contextlib.nullcontext():
+            include = torch._C._dispatch_tls_local_include_set() | key_set
+            with torch._C._ForceDispatchKeyGuard(include, torch._C._dispatch_tls_local_exclude_set()):
+                out = torch.ones(2) + 1
+            if auditing:
+                with pytest.raises(aliasguard.AliasingError, match="aten::view"):
+                    with ViewsAnsweredWithCopies():
+                        torch.ones(2).view(2)
     finally:
         lib._destroy()
+    assert torch.equal(out, torch.full((2,), 2.0))
+    assert torch.ops.aten.add.Tensor in seen
+
+
+class ViewsAnsweredWithCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out.clone() if func is torch.ops.aten.view.default else out
 
 
 # Out-of-order exits: test_audit_report.py::test_scopes_ending_out_of_order_restore_the_thread.
@@ -53,6 +88,40 @@ def test_audit_quiet_on_cond():
     with aliasguard.audit():
         got = torch.cond(torch.tensor(True), lambda t: t.sin(), lambda t: t.cos(), (x,))
     torch.testing.assert_close(got, x.sin())
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["default", "kernels"])
+def test_audit_quiet_on_batched_gradients(kernels):
+    # autograd.grad(is_grads_batched=True), which gradcheck's batched-gradient
+    # check uses, runs the backward under the legacy vmap: its batched tensors
+    # have no storage or counter of their own (test_autograd.py's
+    # test_grad_batched_grad and the gradchecks of test_view_ops.py).
+    x = torch.randn(2, 2, dtype=torch.double, requires_grad=True)
+    expected = torch.autograd.grad(x.sum(), x, torch.arange(3.0), is_grads_batched=True)
+    with aliasguard.audit(kernels=kernels):
+        got = torch.autograd.grad(x.sum(), x, torch.arange(3.0), is_grads_batched=True)
+        assert torch.autograd.gradcheck(
+            lambda t: t.as_strided((2,), (2,)).expand(3, 2), (x,), check_batched_grad=True
+        )
+    torch.testing.assert_close(got, expected)
+
+
+def test_audit_under_dynamic_shapes():
+    # A second shape makes dynamo trace with a symbolic size, so fake tensors'
+    # storage sizes are symbols: the audit must not ask for them as integers
+    # (that raised "Expected !size_bytes_is_heap_allocated_").
+    torch._dynamo.reset()
+    for n in (3, 4, 5):
+        x, pred = torch.randn(n), torch.tensor(True)
+        with aliasguard.audit():
+            got = torch.cond(pred, lambda t: t.sin(), lambda t: t.cos(), (x,))
+        torch.testing.assert_close(got, x.sin())
+    f = torch.compile(lambda t: t.view(-1, 2).sin(), backend="aot_eager", dynamic=True)
+    for n in (2, 3):
+        x = torch.randn(2 * n)
+        with aliasguard.audit(kernels=True):
+            got = f(x)
+        torch.testing.assert_close(got, x.view(-1, 2).sin())
 
 
 def test_audit_quiet_under_functionalize():

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/storage_alias.h>
 #include <torch/csrc/utils/torch_internals.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -19,12 +20,17 @@ namespace aliasguard::utils {
 //
 // It is a boxed fallback on a dispatch key enabled through the thread-local
 // include set, so it sees every op of the thread (and of the autograd work the
-// thread starts, which inherits the TLS), whatever the tensors: plain ones,
-// subclasses, and the final result of every mode. The key must sit above
-// autograd, so that it sees the ADInplaceOrView result; no key is free there
-// in a stock build, so we borrow TESTING_ONLY_GenericMode, which stock PyTorch
-// registers nothing for (an in-tree patch would add a dedicated key). Two
-// consequences of sitting above autograd:
+// thread starts, which inherits the TLS). It checks the ops whose dispatch
+// reaches the Python key, a tensor subclass's or a mode's __torch_dispatch__:
+// that is the code autograd cannot see into and alias correction repairs.
+// Kernels (C++, or Python registered with torch.library on a backend or
+// autograd key) are trusted by autograd the way torch's own are, and
+// PyTorch's tests register kernels that break their schema on purpose, so
+// they are checked only when the scope asks for it (audit(kernels=True));
+// torch.library.opcheck is the tool made for them. The key must sit above
+// autograd, so that it sees the ADInplaceOrView result; see Note [The
+// audit's dispatch key] for which one. Two consequences of sitting above
+// autograd:
 //   * CompositeImplicitAutograd ops are skipped: they decompose at the
 //     autograd key into ops the audit sees one by one, and their own results
 //     may legitimately ignore the schema (dropout in eval mode returns its
@@ -45,6 +51,7 @@ namespace aliasguard::utils {
 //     told not to track), and c10d's collectives, which return the tensors
 //     they were given (the schemas carry no write annotation);
 //   * functorch's and functionalization's wrappers (vmap's batched tensors,
+//     the legacy batched tensors of autograd.grad(is_grads_batched=True),
 //     grad's wrappers, functionalize's tensors): they have no storage of
 //     their own and keep aliasing inside, one level down, where the audit
 //     sees the ops again;
@@ -70,6 +77,7 @@ bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
 
 bool is_functorch_wrapper(const at::Tensor& tensor) {
   static const c10::DispatchKeySet wrapper_keys({
+      c10::DispatchKey::Batched, // the legacy vmap of is_grads_batched
       c10::DispatchKey::FuncTorchBatched,
       c10::DispatchKey::BatchedNestedTensor,
       c10::DispatchKey::FuncTorchGradWrapper,
@@ -89,11 +97,20 @@ bool comparable(const at::Tensor& input, const at::Tensor& output) {
       has_meta_storage(input) == has_meta_storage(output);
 }
 
+// Tensors of traced code (fake tensors under dynamic shapes) have a storage
+// size that is a symbol: not known to be empty, and not to be asked for as an
+// integer (that raises), nor compared (that would add a guard to the trace).
+bool holds_no_bytes(const at::Tensor& tensor) {
+  const std::optional<int64_t> nbytes =
+      autograd::storage_of(tensor).sym_nbytes().maybe_as_int();
+  return nbytes.has_value() && *nbytes == 0;
+}
+
 void audit_fresh_output(
     const AliasSite& site,
     const at::Tensor& output,
     c10::ArrayRef<OpValueRef> args) {
-  if (!output.has_storage() || autograd::storage_of(output).nbytes() == 0) {
+  if (!output.has_storage() || holds_no_bytes(output)) {
     return;
   }
   for (size_t i = 0; i < args.size(); ++i) {
@@ -292,7 +309,7 @@ void audit_inner_view(
     c10::ArrayRef<at::Tensor> inner_inputs) {
   // See Note [Inner tensors of traceable wrappers].
   if (!inner_output.defined() || !inner_output.has_storage() ||
-      autograd::storage_of(inner_output).nbytes() == 0) {
+      holds_no_bytes(inner_output)) {
     return;
   }
   for (const at::Tensor& input : inner_inputs) {

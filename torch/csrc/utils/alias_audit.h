@@ -58,12 +58,15 @@ ALIASGUARD_API bool is_alias_audit_enabled();
 
 // One audit scope on this thread: the first on any thread registers the
 // audit fallback, the last to end removes it; the thread is audited while it
-// has one open. Scopes may end in any order. Throws c10::Error naming the
+// has one open. Scopes may end in any order. With check_kernels, ops that
+// reach no __torch_dispatch__ are checked too, on every audited thread, while
+// the scope is open (see Note [Alias audit]). Throws c10::Error naming the
 // key if something else already registered a fallback on the key the audit
 // borrows (nothing changed then).
-ALIASGUARD_API void enter_alias_audit();
-// Ends one scope of this thread; an error if it has none.
-ALIASGUARD_API void exit_alias_audit();
+ALIASGUARD_API void enter_alias_audit(bool check_kernels = false);
+// Ends one scope of this thread, opened with the same check_kernels; an
+// error (nothing changed) if there is no such scope.
+ALIASGUARD_API void exit_alias_audit(bool check_kernels = false);
 // Keeps the fallback registered without auditing any thread (a scope of no
 // thread): for callers that open and close many scopes in a row, since
 // registering updates every operator's dispatch table. Same errors as

@@ -18,6 +18,11 @@ namespace {
 
 std::atomic<AliasingErrorReporter> audit_error_reporter{nullptr};
 
+// Open scopes, on any thread, that asked for kernels to be checked too. A
+// process-wide count rather than a thread's own: the backward ops an audited
+// thread starts may run on autograd's worker threads.
+std::atomic<size_t> kernel_audit_scopes{0};
+
 bool has_tensor_inputs(c10::ArrayRef<c10::IValue> args) {
   for (const c10::IValue& value : args) {
     if (value.isTensor()) {
@@ -46,7 +51,10 @@ void audit_fallback(
   const c10::ArrayRef<c10::IValue> inputs(
       stack->data() + stack->size() - num_args, num_args);
   // See Note [Alias audit] for the skipped ops.
-  if (!has_tensor_inputs(inputs) ||
+  const bool reaches_torch_dispatch =
+      dispatch_keys.has(c10::DispatchKey::Python);
+  if ((!reaches_torch_dispatch && kernel_audit_scopes.load() == 0) ||
+      !has_tensor_inputs(inputs) ||
       op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
     op.redispatchBoxed(below, stack);
     return;
@@ -86,16 +94,16 @@ void set_alias_audit_error_reporter(AliasingErrorReporter reporter) {
 // Note [Audit lifetime]
 // ~~~~~~~~~~~~~~~~~~~~~
 // The fallback is registered only while some thread has an audit scope open:
-// TESTING_ONLY_GenericMode is borrowed, and others (torch's own tests) use
-// it too. A process-wide count of open scopes registers it on 0 -> 1 and
-// removes it on 1 -> 0; a per-thread depth includes the key in the thread's
-// TLS while the thread has a scope open. Registering updates every
-// operator's dispatch table (~17 ms), so a test runner that audits test
-// after test retains the registration for its whole session. Counting
-// rather than saving and restoring the previous state makes scopes that end
-// out of order (two context managers entered A, B and exited A, B) leave
-// the thread as it was. The registration handle is leaked on purpose: the
-// dispatcher may be gone by the time static destructors run.
+// the key is borrowed (Note [The audit's dispatch key]), and a fallback left
+// registered would be in the way of anyone else who borrows it. A process-wide
+// count of open scopes registers it on 0 -> 1 and removes it on 1 -> 0; a
+// per-thread depth includes the key in the thread's TLS while the thread has a
+// scope open. Registering updates every operator's dispatch table (~17 ms), so
+// a test runner that audits test after test retains the registration for its
+// whole session. Counting rather than saving and restoring the previous state
+// makes scopes that end out of order (two context managers entered A, B and
+// exited A, B) leave the thread as it was. The registration handle is leaked on
+// purpose: the dispatcher may be gone by the time static destructors run.
 
 namespace {
 
@@ -149,18 +157,27 @@ void release_alias_audit_fallback() {
   }
 }
 
-void enter_alias_audit() {
+void enter_alias_audit(bool check_kernels) {
   retain_alias_audit_fallback();
+  if (check_kernels) {
+    ++kernel_audit_scopes;
+  }
   if (audit_depth++ == 0) {
     c10::impl::tls_set_dispatch_key_included(
         internals::kAuditDispatchKey, true);
   }
 }
 
-void exit_alias_audit() {
+void exit_alias_audit(bool check_kernels) {
   TORCH_CHECK(
       audit_depth > 0,
       "aliasguard.audit(): no audit scope is open on this thread");
+  TORCH_CHECK(
+      !check_kernels || kernel_audit_scopes.load() > 0,
+      "aliasguard.audit(): no audit scope that checks kernels is open");
+  if (check_kernels) {
+    --kernel_audit_scopes;
+  }
   if (--audit_depth == 0) {
     c10::impl::tls_set_dispatch_key_included(
         internals::kAuditDispatchKey, false);

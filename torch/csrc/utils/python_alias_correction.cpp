@@ -667,8 +667,12 @@ void init_alias_correction_bindings(py::module& m) {
       py::arg("enabled"));
   m.def(
       "_is_alias_correction_enabled", [] { return correction_enabled.load(); });
-  m.def("_enter_alias_audit", &enter_alias_audit);
-  m.def("_exit_alias_audit", &exit_alias_audit);
+  m.def(
+      "_enter_alias_audit",
+      &enter_alias_audit,
+      py::arg("check_kernels") = false);
+  m.def(
+      "_exit_alias_audit", &exit_alias_audit, py::arg("check_kernels") = false);
   m.def("_retain_alias_audit_fallback", &retain_alias_audit_fallback);
   m.def("_release_alias_audit_fallback", &release_alias_audit_fallback);
   m.def("_alias_audit_depth", &alias_audit_depth);

@@ -108,7 +108,7 @@ void check_audit_key(std::vector<std::string>& problems) {
   if (!(kAuditDispatchKey > c10::DispatchKey::AutogradFunctionality &&
         kAuditDispatchKey < c10::DispatchKey::EndOfFunctionalityKeys)) {
     problems.push_back(
-        "c10::DispatchKey::TESTING_ONLY_GenericMode (Note [The audit's "
+        "c10::DispatchKey::DeferredInit (Note [The audit's "
         "dispatch key]): is no longer a functionality key above autograd");
   }
 }

@@ -42,11 +42,14 @@ inline const void* version_counter_identity(
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The alias audit needs a dispatch key above autograd that it can enable per
 // thread (see Note [Alias audit]). A stock build has no free key there, so we
-// borrow TESTING_ONLY_GenericMode, which stock PyTorch registers nothing for
-// and uses only in its own tests. Upstream: a dedicated key (an in-tree patch
-// would add one next to the other functionality keys).
-constexpr c10::DispatchKey kAuditDispatchKey =
-    c10::DispatchKey::TESTING_ONLY_GenericMode;
+// borrow DeferredInit: stock PyTorch registers nothing for it and no test of
+// its own uses it (it was reserved for torchdistx's deferred module
+// initialisation, an archived project), and Python cannot name it as a
+// DispatchKey. The TESTING_ONLY_* keys look free too, but PyTorch's own tests
+// register fallbacks on them, and an audited run of those tests must not
+// collide. Upstream: a dedicated key (an in-tree patch would add one next to
+// the other functionality keys).
+constexpr c10::DispatchKey kAuditDispatchKey = c10::DispatchKey::DeferredInit;
 
 // Note [Autograd view internals]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
