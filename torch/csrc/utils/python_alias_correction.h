@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/alias_correction.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/python_op_cache.h>
 
 // Alias correction and audit of an op result given as Python objects (what a
 // __torch_dispatch__ returns), on top of the C++ checks in alias_correction.h
@@ -33,7 +34,27 @@ PyObject* corrected_result(
     const CorrectionOptions& options,
     const ReportedViolationMark& mark);
 
-// Registers _correct_aliasing and the correction/audit switches.
+// Corrects `out`, the result of the op of `entry` called with `args` and
+// `kwargs`, as `options` say. Returns the object to hand back (new
+// reference): `out`, or, for write returns, the caller's argument objects in
+// their place. Throws AliasingError where the correction refuses.
+PyObject* correct_result(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out,
+    const CorrectionOptions& options);
+
+// correct_result for an op with one view return of its only tensor argument
+// (view, t, transpose, select, ...), when the values are the plain case;
+// returns false, having done nothing, otherwise.
+bool correct_sole_view(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* out,
+    const CorrectionOptions& options);
+
+// Registers the correction/audit switches.
 void init_alias_correction_bindings(pybind11::module& m);
 
 } // namespace aliasguard::utils

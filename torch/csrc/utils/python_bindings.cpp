@@ -11,6 +11,7 @@
 #include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_corrected_dispatch.h>
+#include <torch/csrc/utils/python_explicit_correction.h>
 #include <torch/csrc/utils/python_schema_alias_analysis.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 #include <torch/csrc/utils/python_tracked_dispatch.h>
@@ -174,6 +175,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_torch_internals_self_test", &utils::torch_internals_self_test);
 
   utils::init_alias_correction_bindings(m);
+  utils::init_explicit_correction_bindings(m);
   utils::init_corrected_dispatch(m);
   utils::init_tracked_dispatch(m);
   utils::init_schema_alias_analysis_bindings(m);

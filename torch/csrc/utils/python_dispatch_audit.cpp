@@ -1,0 +1,218 @@
+#include <torch/csrc/utils/python_dispatch_audit.h>
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_aliasing_error.h>
+#include <torch/csrc/utils/python_op_values.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace aliasguard::utils {
+namespace {
+
+// Audits `out` as the result of `func(*args, **kwargs)`, changing nothing.
+void check_only(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out,
+    bool views_share_version_counter) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  if (analysis.returns().empty()) {
+    return;
+  }
+  const c10::SmallVector<PyObject*, 4> outputs = split_returns(analysis, out);
+  BorrowedObjects borrowed;
+  c10::SmallVector<OpValueRef, 8> arguments;
+  for (size_t i = 0; i < analysis.num_arguments(); ++i) {
+    arguments.push_back(
+        borrowed.borrow(argument_object(entry, args, kwargs, i)));
+  }
+  c10::SmallVector<OpValueRef, 4> results;
+  for (PyObject* output : outputs) {
+    results.push_back(borrowed.borrow(output));
+  }
+  audit_aliasing_borrowed(
+      analysis, arguments, results, views_share_version_counter);
+}
+
+// Note [Auditing a __torch_dispatch__ result]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under audit, a handler's result is checked twice around the correction: as
+// the handler returned it (views may have counters of their own there: below
+// autograd that is stock PyTorch's doing, not the handler's), then as it is
+// handed back, with the inner tensors of traceable wrappers too. A violation
+// in the first check that the second no longer finds was repaired by the
+// correction (without aliasguard, the user would hit it); one the correction
+// refused, or the second check still finds, was not. Each violation is
+// offered to the reporter (see Note [The audit's Python reporter]): in
+// report mode the run goes on with the corrected result, or, when the
+// correction refused, with what the handler returned (stock behaviour).
+
+// Flattens a traceable wrapper (one with __tensor_flatten__) down to plain
+// tensors: appends (dotted attribute path, tensor) to `leaves`. Returns false
+// when `obj` is not traceable.
+bool flatten_traceable(
+    PyObject* obj,
+    const std::string& prefix,
+    std::vector<std::pair<std::string, at::Tensor>>& leaves,
+    int depth = 0) {
+  if (depth > 8 || !internals::is_tensor_object(obj) ||
+      THPVariable_CheckExact(obj)) {
+    return false;
+  }
+  static PyObject* flatten_name =
+      PyUnicode_InternFromString("__tensor_flatten__");
+  if (internals::lookup_class_attribute(Py_TYPE(obj), flatten_name) ==
+      nullptr) {
+    return false;
+  }
+  py::object flattened = py::reinterpret_steal<py::object>(
+      PyObject_CallMethodNoArgs(obj, flatten_name));
+  if (!flattened) {
+    throw python_error();
+  }
+  py::sequence parts = py::reinterpret_borrow<py::sequence>(flattened);
+  for (py::handle name : py::reinterpret_borrow<py::sequence>(parts[0])) {
+    py::object inner =
+        py::reinterpret_steal<py::object>(PyObject_GetAttr(obj, name.ptr()));
+    if (!inner) {
+      throw python_error();
+    }
+    const std::string path = prefix + py::str(name).cast<std::string>();
+    if (!flatten_traceable(inner.ptr(), path + ".", leaves, depth + 1) &&
+        internals::is_tensor_object(inner.ptr())) {
+      leaves.emplace_back(path, THPVariable_Unpack(inner.ptr()));
+    }
+  }
+  return true;
+}
+
+// The check of Note [Inner tensors of traceable wrappers] on the view
+// returns of a handed-back result.
+void audit_inner_views(
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* result) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  const auto& returns = analysis.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    if (returns[i].kind != ReturnAliasKind::kView) {
+      continue;
+    }
+    PyObject* input = argument_object(entry, args, kwargs, returns[i].argument);
+    PyObject* value = nullptr;
+    if (returns.size() == 1) {
+      value = result;
+    } else if (
+        (PyTuple_Check(result) || PyList_Check(result)) &&
+        PySequence_Fast_GET_SIZE(result) > static_cast<Py_ssize_t>(i)) {
+      value = PySequence_Fast_GET_ITEM(result, i);
+    }
+    if (input == nullptr || value == nullptr) {
+      continue;
+    }
+    std::vector<std::pair<std::string, at::Tensor>> input_leaves;
+    if (!flatten_traceable(input, "", input_leaves)) {
+      continue;
+    }
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(input_leaves.size());
+    for (auto& leaf : input_leaves) {
+      inputs.push_back(leaf.second);
+    }
+    const bool is_sequence = PyTuple_Check(value) || PyList_Check(value);
+    const Py_ssize_t count = is_sequence ? PySequence_Fast_GET_SIZE(value) : 1;
+    for (Py_ssize_t k = 0; k < count; ++k) {
+      PyObject* output =
+          is_sequence ? PySequence_Fast_GET_ITEM(value, k) : value;
+      std::vector<std::pair<std::string, at::Tensor>> output_leaves;
+      if (!flatten_traceable(output, "", output_leaves)) {
+        continue;
+      }
+      for (const auto& [name, leaf] : output_leaves) {
+        audit_inner_view(analysis, i, returns[i].argument, name, leaf, inputs);
+      }
+    }
+  }
+}
+
+} // namespace
+
+PyObject* audited_result(
+    PyObject* owner,
+    const PyOpEntry& entry,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out,
+    bool correct,
+    const CorrectionOptions& options,
+    const ReportedViolationMark& mark) {
+  const SchemaAliasAnalysis& analysis = *entry.analysis;
+  std::optional<AliasingError> raw_error;
+  std::optional<AliasingError> refusal;
+  py::object result;
+  if (correct) {
+    try {
+      check_only(
+          entry, args, kwargs, out, /*views_share_version_counter=*/false);
+    } catch (const AliasingError& error) {
+      raw_error = error;
+    }
+    try {
+      result = py::reinterpret_steal<py::object>(
+          correct_result(entry, args, kwargs, out, options));
+    } catch (const AliasingError& error) {
+      refusal = error;
+    }
+  }
+  if (!result) {
+    result = py::reinterpret_borrow<py::object>(out);
+  }
+  std::optional<AliasingError> remaining;
+  if (!refusal) {
+    try {
+      check_only(
+          entry,
+          args,
+          kwargs,
+          result.ptr(),
+          /*views_share_version_counter=*/true);
+      audit_inner_views(entry, args, kwargs, result.ptr());
+    } catch (const AliasingError& error) {
+      remaining = error;
+    }
+  }
+  if ((!raw_error && !refusal && !remaining) ||
+      reported_violation_since(mark, analysis)) {
+    // Clean, or blamed already: see Note [One report per op call].
+    return result.release().ptr();
+  }
+  // What the handler got wrong and the correction fixed, then what is left.
+  // Raise mode (a reporter answering false) raises only what is left.
+  bool handled = true;
+  if (refusal) {
+    handled = offer_violation(
+        raw_error ? *raw_error : *refusal, owner, /*repaired=*/false);
+  } else {
+    if (raw_error && (!remaining || remaining->kind() != raw_error->kind())) {
+      offer_violation(*raw_error, owner, /*repaired=*/true);
+    }
+    if (remaining) {
+      handled = offer_violation(*remaining, owner, /*repaired=*/false);
+    }
+  }
+  if (!handled) {
+    throw refusal ? *refusal : *remaining;
+  }
+  note_reported_violation(analysis);
+  return result.release().ptr();
+}
+
+} // namespace aliasguard::utils
