@@ -172,11 +172,15 @@ void exit_alias_audit(bool check_kernels) {
   TORCH_CHECK(
       audit_depth > 0,
       "aliasguard.audit(): no audit scope is open on this thread");
-  TORCH_CHECK(
-      !check_kernels || kernel_audit_scopes.load() > 0,
-      "aliasguard.audit(): no audit scope that checks kernels is open");
   if (check_kernels) {
-    --kernel_audit_scopes;
+    // Checked and decremented in one step, so that two threads ending scopes
+    // at once cannot take the count below zero.
+    size_t open = kernel_audit_scopes.load();
+    do {
+      TORCH_CHECK(
+          open > 0,
+          "aliasguard.audit(): no audit scope that checks kernels is open");
+    } while (!kernel_audit_scopes.compare_exchange_weak(open, open - 1));
   }
   if (--audit_depth == 0) {
     c10::impl::tls_set_dispatch_key_included(
