@@ -6,14 +6,18 @@ saved view are mutated in turn. Stock PyTorch prints ``True False / False
 True`` (each mutation unseen by the other tensor); with aliasguard imported it
 prints ``True True / True True``. Then the reproduction from DESIGN.md with
 each explicit fix. Exits non-zero if any fixed case fails.
+
+``python -m aliasguard --help`` lists the commands (``demo``, the default, and
+``audit``); an unknown command is an error (exit status 2).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -164,9 +168,33 @@ def main() -> int:
     return 1 if failures else 0
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["audit"]:  # `python -m aliasguard audit SCRIPT`: aliasguard/_audit_cli.py
+_COMMANDS = {
+    "demo": "show what aliasguard fixes, case by case (the default)",
+    "audit": "run a script under aliasguard.audit() and report its aliasing violations "
+    "(python -m aliasguard audit --help)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m aliasguard",
+        description="aliasguard's command line. Without a command, runs the demo.",
+        epilog="commands:\n" + "\n".join(f"  {name:<8}{what}" for name, what in _COMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", nargs="?", default="demo", choices=list(_COMMANDS), help="what to run")
+    return parser
+
+
+def command_line(argv: Sequence[str]) -> int:
+    """``python -m aliasguard [demo | audit ...]``; usage errors exit with status 2, as argparse's."""
+    if argv[:1] == ["audit"]:  # everything after it is the audit's (aliasguard/_audit_cli.py)
         from aliasguard._audit_cli import main as audit_main
 
-        sys.exit(audit_main(sys.argv[2:]))
-    sys.exit(main())
+        return audit_main(argv[1:])
+    _parser().parse_args(argv)  # --help, an unknown command or extra arguments end here
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(command_line(sys.argv[1:]))

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any, Optional
 
-__all__ = ["AuditReport", "Violation", "VIOLATION_KINDS", "describe_violation"]
+__all__ = ["AuditReport", "Violation", "VIOLATION_KINDS", "describe_violation", "json_report_path_problem"]
 
 #: What each kind of violation means, in one sentence: what the schema
 #: promises, what the handler returned, what to change. ``{op}``,
@@ -199,6 +199,29 @@ def _display_path(filename: str) -> str:
     return filename if relative.startswith(".." + os.sep + "..") else relative
 
 
+def json_report_path_problem(path: str) -> Optional[str]:
+    """Why a JSON report could not be written to ``path``, or None if it can.
+
+    The pytest plugin and ``python -m aliasguard audit`` ask before the run, so
+    that a mistyped folder is reported at once instead of after the whole run.
+    The folder is not created: a report lands only where the user said.
+    """
+    if not path:
+        return "the file name is empty"
+    if os.path.isdir(path):
+        return "is a folder; name a file in it"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        return f"the folder {folder} does not exist; create it first"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file exists and is not writable"
+    return None
+
+
 def _ranges(numbers: list[int]) -> str:
     """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
     parts: list[str] = []
@@ -225,8 +248,16 @@ class AuditReport:
     """
 
     context: Optional[str] = None
-    _entries: dict[tuple[str, str, str, str], Violation] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # State, not arguments: `AuditReport(ctx, entries)` is refused at construction.
+    _entries: dict[tuple[str, str, str, str], Violation] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.context is not None and not isinstance(self.context, str):
+            raise TypeError(
+                f"AuditReport(context=...): expected a str naming what runs (a test id, a script) or None, "
+                f"got {type(self.context).__name__}"
+            )
 
     def record(
         self,

@@ -2,9 +2,14 @@
 
 ::
 
-    pytest -p aliasguard.pytest_plugin --aliasguard-audit          # report at the end
-    pytest -p aliasguard.pytest_plugin --aliasguard-audit=strict   # and fail the tests that trigger one
+    pytest -p aliasguard.pytest_plugin --aliasguard-audit tests/          # report at the end
+    pytest -p aliasguard.pytest_plugin --aliasguard-audit=strict tests/   # and fail the tests that trigger one
     pytest ... --aliasguard-audit --aliasguard-audit-json=audit.json
+
+``--aliasguard-audit`` is a flag and the strict mode is written with ``=``
+(``--aliasguard-audit strict`` would read ``strict`` as a test path, and is
+refused saying so). The JSON report's folder must exist; it is checked before
+any test runs.
 
 ``pip install aliasguard`` registers the plugin as a ``pytest11`` entry point, so
 ``-p aliasguard.pytest_plugin`` is only needed with an in-tree checkout. Without
@@ -23,7 +28,8 @@ In strict mode a test that triggered a violation fails, with its own table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generator
+import os
+from typing import TYPE_CHECKING, Any, Generator, Optional
 
 import pytest
 
@@ -47,6 +53,9 @@ class AuditPlugin:
         self.kernels = kernels
         self.report: AuditReport = aliasguard.AuditReport()
         self._retained = False
+        # Absolute, so that a test changing the working directory does not move the report.
+        path = config.getoption("--aliasguard-audit-json")
+        self.json_path: Optional[str] = os.path.abspath(path) if path else None
 
     # --- the session ----------------------------------------------------------------
 
@@ -97,11 +106,18 @@ class AuditPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         terminalreporter.section("aliasguard audit")
         terminalreporter.write_line(self.report.format())
-        path = self.config.getoption("--aliasguard-audit-json")
+        path = self.json_path
         if path:
-            with open(path, "w", encoding="utf-8") as file:
-                file.write(self.report.to_json())
-            terminalreporter.write_line(f"aliasguard audit: JSON report written to {path}")
+            try:
+                with open(path, "w", encoding="utf-8") as file:
+                    file.write(self.report.to_json())
+            except OSError as error:  # checked before the run; the folder may have gone since
+                terminalreporter.write_line(
+                    f"aliasguard audit: could not write the JSON report to {path}: {error.strerror or error}",
+                    red=True,
+                )
+            else:
+                terminalreporter.write_line(f"aliasguard audit: JSON report written to {path}")
 
 
 _TEST_REPORT = pytest.StashKey["AuditReport"]()

@@ -433,3 +433,32 @@ def test_exit_with_kernels_and_no_kernels_scope_changes_nothing():
     finally:
         _C._exit_alias_audit(False)
     assert _C._alias_audit_depth() == 0
+
+
+def test_audit_report_private_state_is_not_an_argument():
+    with pytest.raises(TypeError, match="positional argument"):
+        AuditReport(1, 2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="_entries"):
+        AuditReport(_entries={})  # type: ignore[call-arg]
+    report = AuditReport("a test")
+    assert report.context == "a test" and len(report) == 0 and not report
+
+
+@pytest.mark.parametrize("context", [1, b"test", ["test"]])
+def test_audit_report_context_must_be_a_string(context):
+    expected = rf"AuditReport\(context=\.\.\.\): expected a str .* got {type(context).__name__}"
+    with pytest.raises(TypeError, match=expected):
+        AuditReport(context)
+
+
+def test_json_report_path_problem_names_what_is_wrong(tmp_path):
+    from aliasguard._report import json_report_path_problem
+
+    assert json_report_path_problem(str(tmp_path / "report.json")) is None
+    missing = tmp_path / "missing" / "report.json"
+    assert json_report_path_problem(str(missing)) == f"the folder {missing.parent} does not exist; create it first"
+    assert json_report_path_problem(str(tmp_path)) == "is a folder; name a file in it"
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    assert json_report_path_problem(str(not_a_folder / "report.json")) == f"{not_a_folder} is not a folder"
+    assert json_report_path_problem("") == "the file name is empty"

@@ -285,3 +285,128 @@ def test_plugin_checks_kernels_only_with_the_kernels_option(pytester: pytest.Pyt
     bad = pytester.runpytest_subprocess("-p", "aliasguard_pytest", "--aliasguard-audit-kernels")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "--aliasguard-audit-kernels needs --aliasguard-audit" in bad.stderr.str()
+
+
+# --- command-line forms of the plugin ------------------------------------------------
+
+
+@pytest.fixture
+def suite_in_folder(suite: pytest.Pytester) -> pytest.Pytester:
+    """The suite in tests/, and a failing test outside it that a path argument must leave out."""
+    tests = suite.mkdir("tests")
+    for name in ("subclasses.py", "test_lib.py"):
+        (suite.path / name).rename(tests / name)
+    suite.makepyfile(test_outside="def test_outside():\n    raise AssertionError('collected from outside tests/')\n")
+    return suite
+
+
+def test_plugin_flag_followed_by_a_path(suite_in_folder: pytest.Pytester) -> None:
+    # The flag must not take the path for its value.
+    result = suite_in_folder.runpytest_subprocess(
+        "-p", "aliasguard.pytest_plugin", "--aliasguard-audit", "tests/", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=4)
+    assert "3 distinct aliasing violations" in result.stdout.str()
+
+
+@pytest.mark.parametrize("option, failed", [("--aliasguard-audit=strict", 2), ("--aliasguard-audit=report", 0)])
+def test_plugin_mode_with_equals_followed_by_a_path(suite_in_folder: pytest.Pytester, option: str, failed: int) -> None:
+    result = suite_in_folder.runpytest_subprocess(
+        "-p", "aliasguard.pytest_plugin", option, "tests", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=4 - failed, failed=failed)
+    assert "3 distinct aliasing violations" in result.stdout.str()
+
+
+def test_plugin_mode_after_a_space_is_refused_naming_the_equals_form(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess("-p", "aliasguard.pytest_plugin", "--aliasguard-audit", "strict")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "'strict' was read as a test path" in result.stderr.str()
+    assert "--aliasguard-audit=strict" in result.stderr.str()
+
+
+def test_plugin_unknown_mode_is_refused_naming_it(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess("-p", "aliasguard.pytest_plugin", "--aliasguard-audit=loud", "test_lib.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert re.search(r"--aliasguard-audit.*'loud'", result.stderr.str()), result.stderr.str()
+
+
+def test_plugin_help_lists_both_forms(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess("-p", "aliasguard_pytest", "--help")
+    assert result.ret == 0
+    help_text = result.stdout.str()
+    assert re.search(r"^\s+--aliasguard-audit\s+run every test", help_text, re.M), help_text
+    assert re.search(r"^\s+--aliasguard-audit=strict\s", help_text, re.M), help_text
+    assert "FILE's folder must exist" in help_text
+
+
+def test_plugin_json_into_a_missing_folder_fails_before_any_test(suite: pytest.Pytester) -> None:
+    marker = suite.path / "ran"
+    suite.makepyfile(test_marker=f"def test_marker():\n    open({str(marker)!r}, 'w').close()\n")
+    missing = suite.path / "no-such-folder" / "audit.json"
+    result = suite.runpytest_subprocess(
+        "-p", "aliasguard.pytest_plugin", "--aliasguard-audit", f"--aliasguard-audit-json={missing}", "test_marker.py"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    stderr = result.stderr.str()
+    assert f"--aliasguard-audit-json {missing}: the folder {missing.parent} does not exist" in stderr
+    assert "Traceback" not in stderr + result.stdout.str()
+    assert not marker.exists(), "a test ran before the JSON path was refused"
+    # A folder given for the file is refused too.
+    audit = ("-p", "aliasguard.pytest_plugin", "--aliasguard-audit")
+    folder = suite.runpytest_subprocess(*audit, f"--aliasguard-audit-json={suite.path}", "test_marker.py")
+    assert folder.ret == pytest.ExitCode.USAGE_ERROR
+    assert "is a folder; name a file in it" in folder.stderr.str()
+
+
+def test_cli_json_into_a_missing_folder_fails_before_the_script(tmp_path) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    result = _run_cli("--json", "out/report.json", "train.py", cwd=str(tmp_path))
+    assert result.returncode == 2
+    assert "--json out/report.json: the folder" in result.stderr and "out does not exist" in result.stderr
+    assert "script finished" not in result.stdout  # the script never ran
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_json_path_is_taken_before_the_script_changes_folder(tmp_path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "moves.py").write_text("import os\nos.chdir('elsewhere')\n")
+    result = _run_cli("--json", "report.json", "moves.py", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["distinct"] == 0
+    assert not (tmp_path / "elsewhere" / "report.json").exists()
+
+
+# --- python -m aliasguard -------------------------------------------------------------
+
+
+def _run_main(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aliasguard", *args],
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_main_help_prints_usage_and_runs_nothing(flag: str) -> None:
+    result = _run_main(flag)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m aliasguard")
+    assert "audit" in result.stdout and "demo" in result.stdout
+    assert "The upstream issue's script" not in result.stdout  # the demo did not run
+
+
+def test_main_unknown_command_is_an_error_naming_it() -> None:
+    result = _run_main("audti", "train.py")
+    assert result.returncode == 2
+    assert "invalid choice: 'audti'" in result.stderr
+    assert "The upstream issue's script" not in result.stdout
+
+
+def test_main_audit_help_is_the_audit_usage() -> None:
+    result = _run_main("audit", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m aliasguard audit")
