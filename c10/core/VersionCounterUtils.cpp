@@ -27,10 +27,11 @@ void share_version_counter(c10::TensorImpl& dst, const c10::TensorImpl& src) {
   dst.set_version_counter(src.version_counter());
 }
 
-void WrittenVersions::rewind() {
+void WrittenVersions::undo_one_bump() {
   for (auto& [counter, version] : entries_) {
-    if (counter.current_version() > version) {
-      counter.set_version(version);
+    const uint32_t current = counter.current_version();
+    if (current > version) {
+      counter.set_version(current - 1);
     }
   }
 }

@@ -58,9 +58,11 @@ class WrittenVersions {
   bool empty() const {
     return entries_.empty();
   }
-  // Sets each counter back to its remembered version if it moved forward:
-  // a bump that is coming from above will count the write.
-  ALIASGUARD_API void rewind();
+  // Takes one bump back from each counter that moved forward: a bump coming
+  // from above counts the op's own write, the body's call of the op counted
+  // it too. Further writes stay counted, so no version seen between them
+  // can be current again.
+  ALIASGUARD_API void undo_one_bump();
   // Bumps each counter that did not move: no bump is coming from above, and
   // the write must be counted.
   ALIASGUARD_API void bump_unmoved();

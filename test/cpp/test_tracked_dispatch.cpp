@@ -22,7 +22,7 @@ using aliasguard::utils::AliasingError;
 using aliasguard::utils::CorrectionOptions;
 using aliasguard::utils::OpValueRef;
 
-TEST(WrittenVersions, RewindSetsBackOnlyWhatMovedForward) {
+TEST(WrittenVersions, UndoOneBumpTakesBackOneWriteOfWhatMoved) {
   at::Tensor written = at::ones({2});
   at::Tensor untouched = at::ones({2});
   const auto untouched_before = untouched._version();
@@ -34,10 +34,22 @@ TEST(WrittenVersions, RewindSetsBackOnlyWhatMovedForward) {
   written.add_(1);
   at::Tensor view = written.view({2});
   EXPECT_EQ(view._version(), before + 2);
-  versions.rewind();
-  EXPECT_EQ(written._version(), before);
-  EXPECT_EQ(view._version(), before); // one counter for the alias group
+  versions.undo_one_bump();
+  // The second write stays counted: a version recorded between the two
+  // writes (before + 1) must not match again once the outer bump comes.
+  EXPECT_EQ(written._version(), before + 1);
+  EXPECT_EQ(view._version(), before + 1); // one counter for the alias group
   EXPECT_EQ(untouched._version(), untouched_before);
+}
+
+TEST(WrittenVersions, UndoOneBumpAfterOneWriteLeavesTheCountForTheOuterBump) {
+  at::Tensor written = at::ones({2});
+  aliasguard::WrittenVersions versions;
+  versions.remember(*written.unsafeGetTensorImpl());
+  const auto before = written._version();
+  written.add_(1);
+  versions.undo_one_bump();
+  EXPECT_EQ(written._version(), before);
 }
 
 TEST(WrittenVersions, BumpUnmovedCountsAWriteNobodyCounted) {
@@ -63,7 +75,7 @@ TEST(WrittenVersions, InferenceTensorsAreSkipped) {
   aliasguard::WrittenVersions versions;
   versions.remember(*inference.unsafeGetTensorImpl());
   EXPECT_TRUE(versions.empty());
-  versions.rewind();
+  versions.undo_one_bump();
   versions.bump_unmoved(); // nothing to do, nothing thrown
 }
 

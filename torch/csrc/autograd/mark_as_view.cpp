@@ -99,6 +99,20 @@ void check_has_no_autograd_meta(const at::Tensor& tensor) {
 
 constexpr AliasNames kNames{"tensor", "base", "base's storage"};
 
+const at::TensorBase& root_of(const at::Tensor& tensor) {
+  return tensor.is_view() ? tensor._base() : tensor;
+}
+
+// Already what mark_as_view would make it: a view of base's root (views of
+// views point at the root, as as_view makes them) that counts with base.
+// Code written to the upstream proposal calls mark_as_view on views made in
+// a tracked __torch_dispatch__ body, which are that already.
+bool is_view_of(const at::Tensor& tensor, const at::Tensor& base) {
+  return tensor.is_view() && root_of(tensor).is_same(root_of(base)) &&
+      shares_version_counter(
+             *tensor.unsafeGetTensorImpl(), *base.unsafeGetTensorImpl());
+}
+
 void check_storage(
     const at::Tensor& tensor,
     const at::Tensor& base,
@@ -165,6 +179,9 @@ const at::Tensor& mark_as_view(
       !tensor.is_inference(),
       "mark_as_view(): tensor is an inference tensor; inference tensors have "
       "no version counter and cannot be views");
+  if (is_view_of(tensor, base) && !options.alias_storage) {
+    return tensor;
+  }
   check_has_no_autograd_meta(tensor);
   const CreationMeta creation_meta =
       options.creation_meta.value_or(creation_meta_for_current_mode());

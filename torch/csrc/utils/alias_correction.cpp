@@ -43,6 +43,25 @@ namespace aliasguard::utils {
 // change (plan, then apply): when AliasingError is thrown, nothing was
 // modified.
 //
+// Note [What correction refuses]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Automatic correction runs after every __torch_dispatch__ in the process, so
+// it must never turn a result that stock torch handles into an error: it
+// repairs what it can, leaves alone what it cannot repair, and refuses only a
+// result that would otherwise give a wrong answer. A wrapper output whose
+// placeholder storage cannot become its input's (another device: a fake
+// tensor's storage is on meta while the wrapper says cpu; out of bounds; a
+// layout without strides) keeps its placeholder, as in stock, and still gets
+// the counter: nothing is lost that stock had, and audit() reports it. A
+// returned view that carries another tensor's view metadata but lives in the
+// input's memory (a body that answers a view op on `.data`, or on any other
+// alias of the input) is repaired: its metadata is dropped and it takes the
+// input's counter. What stays an error is memory that is not the input's:
+// a view answered with a copy, a view of an unrelated tensor, a write
+// answered with new memory, a return that is another argument. The explicit
+// correct_aliasing() (CorrectionOptions::strict) also refuses the wrapper
+// that cannot take its input's storage: its caller asked for exactly that.
+//
 // Storage cannot be checked when the input is a placeholder and the output
 // real (a nested-tensor wrapper returning views of its values buffer), or
 // when either side has no storage (sparse): those outputs only get the
@@ -177,8 +196,10 @@ bool plan_drop_autograd_meta(
     case internals::AutogradMetaKind::kView:
       break;
   }
+  // See Note [What correction refuses]
   if (!has_placeholder_storage(input) &&
-      shares_no_version_counter(input, output)) {
+      shares_no_version_counter(input, output) &&
+      !storages_alias(output, input)) {
     throw_aliasing_error(
         site,
         AliasViolation::kViewVersionCounter,
@@ -221,16 +242,23 @@ std::optional<ViewFix> plan_view_output(
   const bool same_storage = input_has_storage && output.has_storage() &&
       storage_of(output).is_alias_of(storage_of(input));
   if (output_is_placeholder && !same_storage) {
-    check_storage_alias(
-        site,
-        AliasViolation::kViewStorage,
-        output,
-        input,
-        "the returned wrapper",
-        "is a wrapper tensor with placeholder storage that cannot share the "
-        "storage of " +
-            site.argument_name());
-    alias_storage = true;
+    if (options.strict) {
+      check_storage_alias(
+          site,
+          AliasViolation::kViewStorage,
+          output,
+          input,
+          "the returned wrapper",
+          "is a wrapper tensor with placeholder storage that cannot share the "
+          "storage of " +
+              site.argument_name());
+      alias_storage = true;
+    } else {
+      // See Note [What correction refuses]
+      alias_storage = !autograd::storage_alias_problem(
+                           output, input, {"output", "input", "storage"})
+                           .has_value();
+    }
   } else if (has_real_storage(output) && has_real_storage(input)) {
     if (!same_storage && options.view_may_be_a_copy) {
       return std::nullopt; // a copy, legitimately

@@ -36,6 +36,10 @@ struct CorrectionOptions {
   // tracked body); a real output with memory of its own is then left alone
   // instead of being an error.
   bool view_may_be_a_copy = false;
+  // The explicit correct_aliasing() call: a wrapper output with placeholder
+  // storage that cannot take its input's storage is an error instead of
+  // being left alone. See Note [What correction refuses].
+  bool strict = false;
 };
 
 // Alias correction of one op's result, on borrowed values. `args` are the

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/alias_correction.h>
+#include <torch/csrc/utils/dispatch_state.h>
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_dispatch_audit.h>
 #include <torch/csrc/utils/python_op_cache.h>
@@ -152,8 +153,9 @@ bool correct_sole_view(
 }
 
 bool correction_applies(PyObject* owner) {
+  // See Note [Tracing infrastructure is left alone]
   return correction_enabled.load(std::memory_order_relaxed) &&
-      !opted_out(owner);
+      !opted_out(owner) && !tracing_infrastructure_active();
 }
 
 PyObject* corrected_result(

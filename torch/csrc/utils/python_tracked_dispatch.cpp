@@ -1,8 +1,11 @@
 #include <torch/csrc/utils/python_tracked_dispatch.h>
 
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/track_views.h>
+#include <torch/csrc/utils/dispatch_state.h>
 #include <torch/csrc/utils/python_op_cache.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 
@@ -45,13 +48,17 @@ namespace aliasguard::utils {
 // op returned, above the Python key; the kernel keeps that role: before the
 // body runs we remember the version of every argument the schema marks
 // written (Tensor(a!), returned or not), and when the body returns normally
-// we set those counters back to where they were, so the outer kernel's bump
-// is the only one and counts equal stock's (a cache that recorded a version
-// inside the body sees exactly the version the op ends with). Avoiding the
-// inner bump instead would mean excluding ADInplaceOrView for exactly the
-// body's call of the same op on the same arguments, which the wrapper cannot
-// single out (the body may unwrap, redispatch or write through a view);
-// setting back is exact and costs two loads per written argument.
+// we take one bump back from each counter that moved, the one the body's own
+// call of the op made, so the outer kernel's bump counts the op once and
+// counts equal stock's. A body that writes an argument more than once keeps
+// the other bumps: setting the counter all the way back would let a version
+// recorded between two writes (a cache made in the body, a view's
+// attr_version) match again after the outer bump, hiding a real write. Stock
+// counts such a body's writes not at all (they run below ADInplaceOrView);
+// that difference is listed in docs/design.md. Avoiding the inner bump
+// instead would mean excluding ADInplaceOrView for exactly the body's call of
+// the same op on the same arguments, which the wrapper cannot single out (the
+// body may unwrap, redispatch or write through a view).
 // Ops without such a kernel that return nothing but write arguments (the
 // _foreach_*_ family) are counted at top level by the in-place ops their
 // backend kernel runs, which a body below ADInplaceOrView never reaches for a
@@ -95,29 +102,6 @@ bool inplace_or_view_excluded() {
   return c10::impl::tls_is_dispatch_key_excluded(
       c10::DispatchKey::ADInplaceOrView);
 }
-
-// Re-enables ADInplaceOrView while alive, when `active`; restores the
-// exclusion however the scope ends.
-class TrackedScope {
- public:
-  explicit TrackedScope(bool active) : active_(active) {
-    if (active_) {
-      c10::impl::tls_set_dispatch_key_excluded(
-          c10::DispatchKey::ADInplaceOrView, false);
-    }
-  }
-  ~TrackedScope() {
-    if (active_) {
-      c10::impl::tls_set_dispatch_key_excluded(
-          c10::DispatchKey::ADInplaceOrView, true);
-    }
-  }
-  TrackedScope(const TrackedScope&) = delete;
-  TrackedScope& operator=(const TrackedScope&) = delete;
-
- private:
-  bool active_;
-};
 
 void remember(PyObject* value, WrittenVersions& written) {
   if (internals::is_tensor_object(value)) {
@@ -165,7 +149,7 @@ PyObject* call_tracked(
         PyExc_TypeError, "_call_tracked(op, *args, **kwargs): op is missing");
     return nullptr;
   }
-  const TrackedScope tracked(inplace_or_view_excluded());
+  const autograd::TrackViewsGuard tracked(inplace_or_view_excluded());
   return PyObject_Vectorcall(argv[0], argv + 1, nargs - 1, kwnames);
 }
 
@@ -185,10 +169,14 @@ TrackedDispatchCall::TrackedDispatchCall(
     PyObject* args,
     PyObject* kwargs,
     bool correct) {
+  body_.op = func;
   if (!correct) {
     return; // untracked, uncorrected: stock
   }
-  const bool below = inplace_or_view_excluded();
+  // Inference mode excludes ADInplaceOrView too, but then no kernel above
+  // runs, and stock makes plain aliases: the body runs as stock.
+  const bool below =
+      inplace_or_view_excluded() && !c10::InferenceMode::is_enabled();
   track_ = below && automatic_tracking.load(std::memory_order_relaxed) &&
       !tracking_opted_out(owner);
   const RunningCorrection running;
@@ -199,6 +187,8 @@ TrackedDispatchCall::TrackedDispatchCall(
   options_.outer_kernel_marks_views = below && entry.has_inplace_or_view_kernel;
   options_.tracked = track_;
   options_.view_may_be_a_copy = entry.view_may_be_a_copy;
+  body_.outer_kernel_marks_views = options_.outer_kernel_marks_views;
+  body_.tracked = track_;
   if (below && entry.analysis) {
     remember_written_versions(entry, args, kwargs, written_);
   }
@@ -211,13 +201,15 @@ PyObject* TrackedDispatchCall::call(
     PyObject* kwnames) {
   PyObject* out = nullptr;
   {
-    const TrackedScope body(track_);
+    // See Note [Where a __torch_dispatch__ body runs]
+    const DispatchBodyGuard where(body_);
+    const autograd::TrackViewsGuard tracked(track_);
     out = PyObject_Vectorcall(fn, argv, nargsf, kwnames);
   }
   // See Note [One bump per write through __torch_dispatch__]
   if (out != nullptr && !written_.empty()) {
     if (outer_bump_follows_) {
-      written_.rewind();
+      written_.undo_one_bump();
     } else if (bump_unmoved_writes_) {
       written_.bump_unmoved();
     }
@@ -227,16 +219,16 @@ PyObject* TrackedDispatchCall::call(
 
 CorrectionOptions explicit_correction_options(PyObject* func) {
   const PyOpEntry& entry = op_entry(func);
+  // See Note [Where a __torch_dispatch__ body runs]
+  const DispatchBody& body = current_dispatch_body();
   CorrectionOptions options;
-  // Called at the end of a __torch_dispatch__, below autograd, an outer
-  // ADInplaceOrView kernel will mark the views; at top level (autograd not
-  // excluded) views made there keep their metadata.
-  options.outer_kernel_marks_views = entry.has_inplace_or_view_kernel &&
-      c10::impl::tls_local_dispatch_key_set().excluded_.has(
-          c10::DispatchKey::AutogradFunctionality);
-  options.tracked =
-      options.outer_kernel_marks_views && !inplace_or_view_excluded();
+  if (body.op == func) {
+    options.outer_kernel_marks_views = body.outer_kernel_marks_views;
+    options.tracked =
+        body.outer_kernel_marks_views && autograd::is_view_tracking_enabled();
+  }
   options.view_may_be_a_copy = entry.view_may_be_a_copy;
+  options.strict = true;
   return options;
 }
 

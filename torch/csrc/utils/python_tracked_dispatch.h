@@ -2,9 +2,10 @@
 
 #include <c10/core/VersionCounterUtils.h>
 #include <torch/csrc/utils/alias_correction.h>
+#include <torch/csrc/utils/dispatch_state.h>
 #include <torch/csrc/utils/pybind.h>
 
-// Automatic view tracking in __torch_dispatch__ bodies (issue 9): what the
+// Automatic view tracking in __torch_dispatch__ bodies: what the
 // corrected __torch_dispatch__ wrapper does around the body it calls. See
 // Note [Tracked __torch_dispatch__ bodies].
 
@@ -45,6 +46,7 @@ class TrackedDispatchCall {
   // See Note [One bump per write through __torch_dispatch__]
   bool bump_unmoved_writes_ = false;
   CorrectionOptions options_;
+  DispatchBody body_;
   WrittenVersions written_;
 };
 

@@ -1,9 +1,12 @@
 #include <torch/csrc/utils/torch_internals.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/track_views.h>
 
 namespace aliasguard::internals {
 
@@ -113,6 +116,29 @@ void check_audit_key(std::vector<std::string>& problems) {
   }
 }
 
+void check_tracked_views_key(std::vector<std::string>& problems) {
+  const char* name =
+      "c10::DispatchKey::AutocastIPU (Note [The tracked views' dispatch key])";
+  if (!(kTrackedViewsDispatchKey > c10::DispatchKey::ADInplaceOrView &&
+        kTrackedViewsDispatchKey < c10::DispatchKey::EndOfFunctionalityKeys)) {
+    problems.push_back(
+        std::string(name) +
+        ": is no longer a functionality key above ADInplaceOrView");
+  }
+  if (!c10::impl::tls_is_dispatch_key_excluded(kTrackedViewsDispatchKey) &&
+      !c10::impl::tls_is_dispatch_key_included(kTrackedViewsDispatchKey)) {
+    problems.push_back(
+        std::string(name) + ": is no longer excluded by default");
+  }
+  if (!autograd::has_tracked_view_kernels() &&
+      c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(
+          kTrackedViewsDispatchKey)) {
+    problems.push_back(
+        std::string(name) +
+        ": some library registered a fallback for it; it is not free");
+  }
+}
+
 // The attr_version trick must make autograd build an as_strided grad_fn.
 void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
   const c10::AutoGradMode grad_mode(true);
@@ -158,6 +184,7 @@ std::vector<std::string> torch_internals_self_test() {
   std::vector<std::string> problems;
   check_version_counter_identity(problems);
   check_audit_key(problems);
+  check_tracked_views_key(problems);
   check_view_grad_fn_rebuild(problems);
   check_autograd_meta_kind(problems);
   return problems;

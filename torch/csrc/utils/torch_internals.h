@@ -51,6 +51,23 @@ inline const void* version_counter_identity(
 // the other functionality keys).
 constexpr c10::DispatchKey kAuditDispatchKey = c10::DispatchKey::DeferredInit;
 
+// Note [The tracked views' dispatch key]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Views made in a tracked scope are marked by a kernel that must run after
+// their ADInplaceOrView kernel and only while the scope is open (see
+// Note [Views made below autograd build their grad_fn from their base]): a
+// key above ADInplaceOrView, off by default, that the thread turns on.
+// Autograd's keys are excluded there and most keys above them have kernels
+// of their own; AutocastIPU has none in a stock build (Graphcore's IPU
+// backend, which would register it, is out of tree and archived), it is in
+// the default exclude set, so nothing reaches it unless asked, and CPU, CUDA
+// and every other backend derive other autocast keys. We register a
+// fallthrough fallback and one boxed kernel per view op on it. Upstream: no
+// key at all, as_view itself would record a stale attr_version when autograd
+// is excluded.
+constexpr c10::DispatchKey kTrackedViewsDispatchKey =
+    c10::DispatchKey::AutocastIPU;
+
 // Note [Autograd view internals]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // mark_as_view (see Note [Marking a tensor as a view]) does what a view op's

@@ -1,0 +1,345 @@
+"""Correction never turns a result stock handles into an error; tracked bodies act as an in-tree ADInplaceOrView.
+
+Each test names the stock behaviour it keeps, or the difference that is the
+fix itself (docs/design.md, "Intended differences").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import aliasguard
+from aliasguard import _C, shares_version_counter
+from aliasguard.testing import WrapperTensor
+
+aten = torch.ops.aten
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class SavingMode(TorchDispatchMode):
+    """Keeps ``save(args, out)`` for every call of ``op``: a cache below autograd."""
+
+    def __init__(self, op, save):
+        super().__init__()
+        self.op = op
+        self.save = save
+        self.saved = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is self.op:
+            self.saved.append(self.save(args, out))
+        return out
+
+
+# --- views made in a body are views for autograd too -------------------------------------
+
+
+def test_view_of_the_output_saved_in_a_body_gets_the_outputs_gradient():
+    x = torch.randn(5, requires_grad=True)
+    mode = SavingMode(aten.sin.default, lambda args, out: out.view_as(out))
+    with mode:
+        b = x.sin()
+    saved = mode.saved[0]
+    assert saved._is_view() and saved._base is b
+    assert saved.requires_grad
+    assert saved.grad_fn is not None, "a view that requires grad must have a grad_fn, not be a leaf"
+    assert not saved.is_leaf
+    (saved * 2).sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos(), rtol=0, atol=0)
+
+
+def test_view_of_an_argument_saved_in_a_body_passes_its_gradient_to_the_argument():
+    x = torch.randn(4, requires_grad=True)
+    mode = SavingMode(aten.sin.default, lambda args, out: args[0].view(2, 2))
+    with mode:
+        x.sin()
+    saved = mode.saved[0]
+    assert saved.grad_fn is not None and not saved.is_leaf
+    (saved * 3).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+
+
+def test_view_saved_without_gradients_stays_as_stock():
+    x = torch.randn(4)  # nothing requires grad: nothing to build
+    mode = SavingMode(aten.sin.default, lambda args, out: out.view_as(out))
+    with mode:
+        b = x.sin()
+    saved = mode.saved[0]
+    assert not saved.requires_grad and saved.grad_fn is None
+    b.mul_(2)  # the seed's fix: the saved view sees the write
+    assert saved._version == b._version == 1
+
+
+def test_view_saved_in_a_body_follows_a_later_write_of_its_base():
+    x = torch.randn(4, requires_grad=True)
+    mode = SavingMode(aten.sin.default, lambda args, out: out.view_as(out))
+    with mode:
+        b = x.sin()
+    saved = mode.saved[0]
+    b.mul_(2)
+    saved.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+
+
+def test_views_outside_bodies_are_not_marked():
+    # A view made at top level of a tensor that later requires grad keeps
+    # stock's behaviour: the marking only happens inside tracked bodies.
+    base = torch.randn(3)
+    view = base.view(3)
+    base.requires_grad_()
+    assert view.grad_fn is None
+    assert not _C._has_tracked_view_kernels() or not torch._C._dispatch_tls_is_dispatch_key_included(
+        torch._C.DispatchKey.AutocastIPU
+    )
+
+
+def test_mark_as_view_of_a_view_made_in_a_body_returns_it():
+    results = []
+
+    def save(args, out):
+        view = out.view_as(out)
+        results.append(torch.mark_as_view(view, out) is view)
+        return view
+
+    mode = SavingMode(aten.sin.default, save)
+    with mode:
+        b = torch.randn(3).sin()
+    assert results == [True]
+    assert mode.saved[0]._base is b
+
+
+def test_mark_as_view_of_a_view_of_another_base_is_still_refused():
+    a, other = torch.randn(3), torch.randn(3)
+    view = a.view(3)
+    with pytest.raises(RuntimeError, match="already a view"):
+        torch.mark_as_view(view, other)
+    assert view._base is a
+
+
+# --- views of .data and other aliases of the input -------------------------------------------
+
+
+class DataViewMode(TorchDispatchMode):
+    """Answers view ops on ``.data``, a common way to step outside autograd."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (aten.view.default, aten.t.default, aten.select.int):
+            return func(args[0].data, *args[1:], **kwargs)
+        return func(*args, **kwargs)
+
+
+def test_view_answered_on_data_is_repaired_not_refused():
+    x = torch.randn(4, requires_grad=True)
+    with DataViewMode():
+        y = x.view(2, 2)
+        z = x.view(2, 2).t()
+    assert y._is_view() and y._base is x
+    assert shares_version_counter(x, y) and shares_version_counter(x, z)
+    (y * 2 + z).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+
+
+def test_view_of_unrelated_memory_is_still_refused():
+    class OtherTensorView(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is aten.view.default:
+                return func(torch.zeros_like(args[0]), *args[1:])
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4)
+    with pytest.raises(aliasguard.AliasingError, match="aten::view"):
+        with OtherTensorView():
+            x.view(2, 2)
+
+
+# --- versions -------------------------------------------------------------------------------
+
+
+class WritesTwice(TorchDispatchMode):
+    """Answers add_ with two writes, recording the version between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.between = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is aten.add_.Tensor:
+            self.between = args[0]._version
+            args[0].mul_(1)
+        return out
+
+
+def test_a_version_seen_between_two_writes_of_a_body_never_matches_again():
+    x = torch.zeros(3)
+    mode = WritesTwice()
+    with mode:
+        x.add_(torch.ones(3))
+    assert x._version != mode.between, "a write after the recorded version was hidden"
+    assert x._version > mode.between
+
+
+def test_one_write_in_a_body_counts_once_as_stock():
+    x = torch.zeros(3)
+    with SavingMode(aten.add_.Tensor, lambda args, out: args[0]._version):
+        x.add_(1)
+    assert x._version == 1
+
+
+# --- explicit correction reads the state the wrapper set -------------------------------------
+
+
+def test_explicit_correction_under_inference_mode_keeps_view_metadata():
+    base = torch.randn(4)
+    out = base.view(2, 2)
+    with torch.inference_mode():
+        result = aliasguard.correct_aliasing(aten.view.default, (base, [2, 2]), {}, out)
+    assert result is out and out._is_view() and out._base is base
+
+
+def test_explicit_correction_below_autograd_at_top_level_keeps_view_metadata():
+    base = torch.randn(4)
+    with torch._C._AutoDispatchBelowAutograd():
+        out = base.view(2, 2)
+        aliasguard.correct_aliasing(aten.view.default, (base, [2, 2]), {}, out)
+    assert out._is_view() and out._base is base
+
+
+def test_modes_nested_in_inference_mode_run_as_stock():
+    seen = []
+
+    class Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(_C._is_view_tracking_enabled())
+            return func(*args, **(kwargs or {}))
+
+    with torch.inference_mode(), Probe(), Probe():
+        torch.randn(3).view(3).sin()
+    assert seen and not any(seen), "no body is tracked under inference mode"
+
+
+def test_nested_modes_each_correct_their_own_op():
+    x = torch.randn(4, requires_grad=True)
+    inner = SavingMode(aten.view.default, lambda args, out: out)
+    outer = SavingMode(aten.sin.default, lambda args, out: out.view(2, 2))
+    with inner, outer:
+        b = x.sin()
+    assert outer.saved[0]._base is b
+    outer.saved[0].sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().cos())
+
+
+# --- torch's tracing infrastructure over subclasses -----------------------------------------
+
+
+def _jagged():
+    return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_nested_jagged_tensor_runs_as_stock(backend):
+    torch._dynamo.reset()
+    nt = _jagged()
+    compiled = torch.compile(lambda t: t.sin() * 2, backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(nt).values(), nt.values().sin() * 2)
+    torch._dynamo.reset()
+
+
+def test_nested_jagged_tensor_to_fake_and_back():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    nt = _jagged()
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake = mode.from_tensor(nt)  # replays the jagged view on a fake base
+    again = mode.from_tensor(fake)
+    assert type(fake) is type(nt) and fake.values().device.type == "cpu"
+    assert again.shape == fake.shape
+    assert again.values().shape == fake.values().shape
+
+
+def test_wrapper_views_under_fake_tensor_mode_are_left_alone():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        wrapper = WrapperTensor(torch.randn(4))
+        view = wrapper.view(2, 2)
+    # Stock: the returned wrapper keeps a placeholder storage of its own.
+    assert StorageWeakRef(view.untyped_storage()) != StorageWeakRef(wrapper.untyped_storage())
+    eager_view = WrapperTensor(torch.randn(4))
+    assert StorageWeakRef(eager_view.view(2, 2).untyped_storage()) == StorageWeakRef(eager_view.untyped_storage())
+
+
+def test_wrapper_view_that_cannot_take_its_inputs_storage_keeps_its_placeholder():
+    class ElsewhereView(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem, device):
+            return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=device)
+
+        def __init__(self, elem, device):
+            self.elem = elem
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            out = func(*[a.elem if isinstance(a, ElsewhereView) else a for a in args], **(kwargs or {}))
+            return ElsewhereView(out, "meta") if isinstance(out, torch.Tensor) else out
+
+    wrapper = ElsewhereView(torch.randn(4), "cpu")
+    view = wrapper.view(2, 2)  # stock runs this; the returned wrapper says meta
+    assert view.device.type == "meta"
+    assert shares_version_counter(wrapper, view)  # the counter is still given
+    with pytest.raises(aliasguard.AliasingError, match="placeholder storage"):
+        aliasguard.correct_aliasing(aten.view.default, (wrapper, [2, 2]), {}, ElsewhereView(torch.randn(2, 2), "meta"))
+
+
+def test_correction_is_skipped_while_a_functorch_transform_runs():
+    seen = []
+
+    class Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(_C._is_view_tracking_enabled())
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3, requires_grad=True)
+    with Probe():
+        torch.func.vmap(torch.sin)(x)
+    assert seen
+
+
+def test_audit_of_the_tracked_view_kernels_in_a_fresh_process():
+    # The marking kernels are registered on the first tracked body, and
+    # taken back on request, leaving the key as stock had it.
+    code = """
+import torch, aliasguard
+from aliasguard import _C
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+key = torch._C.DispatchKey.AutocastIPU
+assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::view", key)
+class M(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+x = torch.randn(4, requires_grad=True)
+with M():
+    x.view(2, 2).sum().backward()
+assert _C._has_tracked_view_kernels()
+assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::view", key)
+assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", key)
+_C._release_tracked_view_kernels()
+assert not _C._has_tracked_view_kernels()
+assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::view", key)
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
