@@ -16,6 +16,10 @@ below autograd keeps the counter) and raises :class:`CheckpointMutationError`:
   cached (a mutation after the forward pass), naming the cached op, its output
   index and both versions.
 
+A policy function that returns anything but a ``CheckpointPolicy`` or a bool
+raises :class:`CheckpointPolicyError` from the op it was asked about, naming
+the op, the value and its type.
+
 Usage mirrors :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`::
 
     import functools
@@ -102,6 +106,7 @@ from aliasguard._torch_internals import (
 
 __all__ = [
     "CheckpointMutationError",
+    "CheckpointPolicyError",
     "CheckpointPolicy",
     "PolicyFn",
     "SelectiveCheckpointContext",
@@ -110,7 +115,8 @@ __all__ = [
 ]
 
 # policy_fn(ctx, op, *args, **kwargs) -> CheckpointPolicy (a bool is accepted
-# too, as torch does: True means MUST_SAVE, False PREFER_RECOMPUTE).
+# too, as torch does: True means MUST_SAVE, False PREFER_RECOMPUTE; so is a
+# numpy bool, which torch would silently take for a recompute).
 PolicyFn = Callable[..., Union[CheckpointPolicy, bool]]
 Op = Union[OpOverload, HigherOrderOperator]
 
@@ -155,6 +161,27 @@ class CheckpointMutationError(RuntimeError):
         self.found_version = found_version
 
 
+class CheckpointPolicyError(ValueError):
+    """A selective checkpoint's policy function returned something that is not a policy.
+
+    Raised in the forward pass, for the first op whose policy is unusable,
+    with a message naming the op, the returned value and its type. It is a
+    ``ValueError`` on purpose, not a ``TypeError``: torch turns a
+    ``TypeError`` raised inside a ``Tensor`` operator (``@``, ``*``, ``+``,
+    ...) into ``NotImplemented``, and Python then reports "unsupported operand
+    type(s)" instead of this message.
+
+    Attributes:
+        op: the op the policy was asked about, e.g. ``"aten.mm.default"``.
+        returned: what the policy function returned.
+    """
+
+    def __init__(self, message: str, *, op: str, returned: Any) -> None:
+        super().__init__(message)
+        self.op = op
+        self.returned = returned
+
+
 # ---------------------------------------------------------------------------
 # Where in the user's code an op ran.
 
@@ -190,17 +217,38 @@ def _op_name(op: Any) -> str:
     return str(op)
 
 
+def _type_name(value: Any) -> str:
+    """``bool`` for builtins, ``numpy.bool`` for others: the name a user can look up."""
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    # numpy.bool_ (numpy.bool in numpy 2), matched by name: numpy is not imported for this.
+    cls = type(value)
+    return cls.__module__ == "numpy" and cls.__name__ in ("bool_", "bool")
+
+
 def _coerce_policy(policy: Any, func: Any) -> CheckpointPolicy:
+    """The ``CheckpointPolicy`` a policy function's result stands for.
+
+    Called from C++ for every result that is not a ``CheckpointPolicy``. A
+    Python or numpy bool means ``MUST_SAVE`` / ``PREFER_RECOMPUTE``, as a bool
+    does for torch; anything else raises :class:`CheckpointPolicyError`.
+    """
     if isinstance(policy, CheckpointPolicy):
         return policy
-    if isinstance(policy, bool):
+    if isinstance(policy, bool) or _is_numpy_bool(policy):
         # Accepted for compatibility with torch's policies.
-        return CheckpointPolicy.MUST_SAVE if policy else CheckpointPolicy.PREFER_RECOMPUTE
-    raise TypeError(
+        return CheckpointPolicy.MUST_SAVE if bool(policy) else CheckpointPolicy.PREFER_RECOMPUTE
+    op = _op_name(func)
+    raise CheckpointPolicyError(
         f"aliasguard.checkpoint: the policy function returned {policy!r} "
-        f"(of type {type(policy).__name__}) for {_op_name(func)}; it must return "
+        f"(of type {_type_name(policy)}) for {op}; it must return "
         "a torch.utils.checkpoint.CheckpointPolicy (MUST_SAVE, PREFER_SAVE, "
-        "MUST_RECOMPUTE or PREFER_RECOMPUTE)"
+        "MUST_RECOMPUTE or PREFER_RECOMPUTE) or a bool",
+        op=op,
+        returned=policy,
     )
 
 
@@ -460,8 +508,9 @@ def create_selective_checkpoint_contexts(
 
     The forward context raises :class:`CheckpointMutationError` before an
     in-place or ``out=`` op writes to a cached tensor (or to anything sharing
-    its version counter), and ``TypeError`` when the policy returns something
-    that is not a ``CheckpointPolicy``. The recompute context raises
+    its version counter), and :class:`CheckpointPolicyError` (a
+    ``ValueError``) when the policy function returns something that is not a
+    ``CheckpointPolicy`` or a bool (Python or numpy). The recompute context raises
     :class:`CheckpointMutationError` when a cached tensor was modified after
     the forward pass.
     """
@@ -526,6 +575,10 @@ def checkpoint(
             was given to a torch whose checkpoint has no such option.
         TypeError: see :func:`create_selective_checkpoint_contexts`;
             ``respect_saved_tensors_hooks`` is not a bool or None.
+        CheckpointPolicyError: the policy function returned something that
+            is not a ``CheckpointPolicy`` or a bool, for the op named in the
+            message (raised from the op, in the forward pass; a
+            ``ValueError``, so it also surfaces from ``@``, ``*``, ``+``).
     """
     if kwargs.pop("use_reentrant", False):
         raise ValueError(

@@ -21,6 +21,7 @@ import aliasguard
 from aliasguard.testing import StorageTracker
 from aliasguard.checkpoint import (
     CheckpointMutationError,
+    CheckpointPolicyError,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
@@ -629,12 +630,88 @@ def test_policy_returning_non_policy_names_op_and_value(returned):
     def policy(ctx, op, *args, **kwargs):
         return returned if op is aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
 
-    with pytest.raises(TypeError) as info:
+    with pytest.raises(CheckpointPolicyError) as info:
         checkpoint(lambda x, w: torch.mm(x, w), *mm_inputs(), policy=policy)
     message = str(info.value)
     assert "aten.mm.default" in message
     assert repr(returned) in message
     assert "CheckpointPolicy" in message
+    assert f"(of type {_qualified_type_name(returned)})" in message
+    assert info.value.op == "aten.mm.default" and info.value.returned is returned
+
+
+def _qualified_type_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _returns_none(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> None:
+    return None
+
+
+# torch turns a TypeError raised inside a Tensor operator into NotImplemented,
+# so each operator spelling must still give the policy's own message.
+@pytest.mark.parametrize(
+    "region, op",
+    [
+        (lambda t: torch.mm(t, t), "aten.mm.default"),
+        (lambda t: t @ t, "aten.mm.default"),
+        (lambda t: t * t, "aten.mul.Tensor"),
+        (lambda t: t + 1, "aten.add.Tensor"),
+        (lambda t: t - t, "aten.sub.Tensor"),
+        (lambda t: t.sum(), "aten.sum.default"),
+    ],
+    ids=["torch.mm", "matmul-operator", "mul-operator", "add-operator", "sub-operator", "sum-method"],
+)
+def test_bad_policy_error_survives_tensor_operators(region, op):
+    t = mm_inputs()[0]
+    with pytest.raises(CheckpointPolicyError) as info:
+        checkpoint(region, t, policy=_returns_none)
+    assert info.value.op == op and info.value.returned is None
+    assert f"the policy function returned None (of type NoneType) for {op}" in str(info.value)
+
+
+def test_policy_error_is_a_value_error_not_a_type_error():
+    # A TypeError would be swallowed by the Tensor operators (see above).
+    assert issubclass(CheckpointPolicyError, ValueError)
+    assert not issubclass(CheckpointPolicyError, TypeError)
+    assert "CheckpointPolicyError" in aliasguard.checkpoint.__all__
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_numpy_bool_policy_means_save_or_recompute(save):
+    np = pytest.importorskip("numpy")
+
+    def policy(ctx, op, *args, **kwargs):
+        return np.bool_(save) if op is aten.mm.default else np.bool_(False)
+
+    def region(x, w):
+        y = torch.mm(x, w)
+        y.add_(1)  # refused before it runs when mm's output is cached
+        return y.sin()
+
+    x, w = mm_inputs()
+    if save:
+        with pytest.raises(CheckpointMutationError, match="output 0 of aten.mm.default"):
+            checkpoint(region, x, w, policy=policy)
+        return
+    out = checkpoint(region, x, w, policy=policy)
+    grads = torch.autograd.grad(out.sum(), (x, w))
+    expected = torch.autograd.grad(region(x, w).sum(), (x, w))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("make", ["int64", "float64", "array"])
+def test_numpy_non_bool_policy_is_refused_with_its_real_type(make):
+    np = pytest.importorskip("numpy")
+    returned = {"int64": np.int64(1), "float64": np.float64(1.0), "array": np.array([True])}[make]
+
+    def policy(ctx, op, *args, **kwargs):
+        return returned
+
+    with pytest.raises(CheckpointPolicyError, match=rf"\(of type numpy\.{'ndarray' if make == 'array' else make}\)"):
+        checkpoint(lambda x, w: x @ w, *mm_inputs(), policy=policy)
 
 
 def test_list_with_overload_packet_names_it_and_suggests_default():
