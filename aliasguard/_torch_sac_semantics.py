@@ -11,9 +11,10 @@ followed without a code change.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from typing import Any, Callable, FrozenSet, Optional, Tuple
+from typing import Any, Callable, FrozenSet, Iterator, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
@@ -68,18 +69,47 @@ _NON_SAVING_POLICIES = (
 )
 
 
+# Private torch accessor, kept here until it moves to _torch_internals.py
+# (which holds every private torch API, each with its Note):
+# torch.utils._python_dispatch._disable_current_modes and
+# torch._C._DisableFuncTorch.
+#
+# Note [Probing outside any trace]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The probe runs once per process, on the first selective checkpoint, and
+# that may be inside torch.compile: AOTAutograd calls the context_fn while it
+# traces the checkpointed region, with its fake, proxy and functional modes
+# (and possibly functorch transforms) active. A tensor made there would be a
+# FunctionalTensor or a fake, and running torch's caching mode on it outside
+# its mode fails ("Attempting to use FunctionalTensor on its own"). So the
+# probe's tensor is made, and its op run, with every dispatch mode stashed
+# (infra and pre-dispatch modes included) and functorch's layers off: what it
+# sees is what eager torch does, whatever is tracing around it. Upstream: the
+# public "what would SAC do" query of Note [Probing torch's SAC decision]
+# would answer without running an op.
+@contextlib.contextmanager
+def _outside_tracing() -> Iterator[None]:
+    """Eager dispatch for the probe: no dispatch mode, no functorch transform."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C._DisableFuncTorch():
+        yield
+
+
 def _torch_sac_keeps_effectful_op(policy: CheckpointPolicy) -> bool:
     """Whether torch's own SAC keeps an op with an ordered side effect under ``policy``.
 
     ``aten._linalg_check_errors`` is registered with an ordered effect by
     every supported torch and does nothing for an all-zero ``info``. See
-    Note [Probing torch's SAC decision] in _torch_internals.py.
+    Note [Probing torch's SAC decision] in _torch_internals.py and
+    Note [Probing outside any trace] above.
     """
     op = torch.ops.aten._linalg_check_errors.default
-    info = torch.zeros((), dtype=torch.int32)
-    return _internals.sac_probe_saves(
-        lambda ctx, func, *args, **kwargs: policy, op, (info, "aliasguard probe"), {"is_matrix": False}
-    )
+    with _outside_tracing():
+        info = torch.zeros((), dtype=torch.int32)
+        return _internals.sac_probe_saves(
+            lambda ctx, func, *args, **kwargs: policy, op, (info, "aliasguard probe"), {"is_matrix": False}
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,6 +118,9 @@ def policies_overridden_for_effects() -> FrozenSet[CheckpointPolicy]:
 
     Empty for torch 2.13 and 2.14 (their SAC replays such ops in the
     recompute); later releases keep them so the effect happens once.
+    Probed on the first call (the first selective checkpoint of the
+    process), eagerly even under ``torch.compile``; not at import, because
+    running torch's SAC mode once imports ``torch._dynamo`` (about a second).
     """
     return frozenset(policy for policy in _NON_SAVING_POLICIES if _torch_sac_keeps_effectful_op(policy))
 

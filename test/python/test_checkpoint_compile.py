@@ -11,8 +11,12 @@ plain checkpointing, with gradients equal to eager.
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 from typing import Any, Callable, Dict, List, Tuple
 
+import pytest
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.utils.checkpoint import CheckpointPolicy
@@ -20,6 +24,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from aliasguard.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def block(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -110,3 +115,87 @@ def test_inductor_fullgraph_gives_eager_gradients():
     got = torch.autograd.grad(compiled(*args).sum(), args)
     for a, e in zip(got, eager_grads()):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+# --- the first selective checkpoint of a process is a compiled one ----------------
+#
+# aliasguard probes what the running torch's SAC does on its first selective
+# checkpoint (aliasguard/_torch_sac_semantics.py). When that first call is
+# inside torch.compile, AOTAutograd is tracing around the probe; it must still
+# see eager torch. Only a fresh process can check this: any earlier checkpoint
+# in the test process has cached the probe's answer.
+
+FIRST_CALL_COMPILED = """
+import sys
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy
+
+import aliasguard
+from aliasguard import _torch_sac_semantics as semantics
+from aliasguard.checkpoint import checkpoint
+
+aten = torch.ops.aten
+backend = sys.argv[1]
+assert semantics.policies_overridden_for_effects.cache_info().currsize == 0, "probed before the test"
+
+
+def block(x, w1, w2):
+    h = torch.mm(x, w1).relu()
+    h = torch.mm(h, w2).sin()
+    return torch.mm(h, w1.t()).cos()
+
+
+def save_mm(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op is aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(8, 8, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+
+
+eager_args = inputs()
+eager_out = block(*eager_args)
+eager_grads = torch.autograd.grad(eager_out.sum(), eager_args)
+
+for policy in ([aten.mm.default], save_mm):
+    torch._dynamo.reset()
+    args = inputs()
+    compiled = torch.compile(lambda *a: checkpoint(block, *a, policy=policy), backend=backend, fullgraph=True)
+    out = compiled(*args)
+    grads = torch.autograd.grad(out.sum(), args)
+    torch.testing.assert_close(out, eager_out, rtol=1e-10, atol=1e-12)
+    for got, expected in zip(grads, eager_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+# The answer probed under tracing is the one an eager probe gives.
+probed = semantics.policies_overridden_for_effects()
+assert probed == semantics.policies_overridden_for_effects.__wrapped__(), probed
+print("compiled first call OK", sorted(p.name for p in probed))
+"""
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_first_checkpoint_of_the_process_under_compile(backend: str, tmp_path: Any) -> None:
+    script = tmp_path / "first_call_compiled.py"
+    script.write_text(FIRST_CALL_COMPILED)
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = subprocess.run(
+        [sys.executable, str(script), backend], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert "compiled first call OK" in result.stdout
+
+
+@pytest.mark.parametrize("mode", ["fake", "functional"])
+def test_effects_probe_sees_eager_torch_under_tracing_modes(mode: str) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    from aliasguard import _torch_sac_semantics as semantics
+
+    eager = semantics.policies_overridden_for_effects.__wrapped__()
+    with FakeTensorMode() if mode == "fake" else FunctionalTensorMode():
+        traced = semantics.policies_overridden_for_effects.__wrapped__()
+    assert traced == eager
