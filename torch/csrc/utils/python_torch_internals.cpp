@@ -1,5 +1,7 @@
 #include <torch/csrc/utils/python_torch_internals.h>
 
+#include <aten/src/ATen/native/DetachKeepVersionCounter.h>
+
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -96,6 +98,32 @@ std::vector<std::string> python_torch_internals_self_test() {
         "does not find torch.Tensor.__torch_dispatch__");
   }
   return problems;
+}
+
+void init_install_bindings(py::module_& m) {
+  m.def(
+      "_set_detach_keep_version_counter",
+      [](py::handle registered) {
+        if (!PyBool_Check(registered.ptr())) {
+          throw py::type_error(
+              std::string("_set_detach_keep_version_counter(): registered "
+                          "must be a bool, got ") +
+              Py_TYPE(registered.ptr())->tp_name);
+        }
+        return native::set_detach_keep_version_counter(
+            registered.ptr() == Py_True);
+      },
+      py::arg("registered"));
+  m.def(
+      "_is_detach_keep_version_counter_registered",
+      &native::is_detach_keep_version_counter_registered);
+  m.def("_detach_keep_version_counter_keys", [] {
+    std::vector<std::string> names;
+    for (c10::DispatchKey key : native::detach_keep_version_counter_keys()) {
+      names.emplace_back(c10::toString(key));
+    }
+    return names;
+  });
 }
 
 } // namespace aliasguard::internals

@@ -4,9 +4,11 @@
 
 #include <ATen/core/operator_name.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 // The CPython and torch-Python internals the bindings use, one Note each (the
 // C++ ones are in torch_internals.h). All need the GIL. Their self-test is
@@ -57,5 +59,13 @@ std::optional<c10::OperatorName> operator_name_of(PyObject* func);
 
 // One line per internal above that no longer behaves as relied on.
 std::vector<std::string> python_torch_internals_self_test();
+
+// Binds the C++ switches aliasguard.install() / uninstall() use that have no
+// other binding: the detach kernel's dispatcher registrations
+// (`_set_detach_keep_version_counter`,
+// `_is_detach_keep_version_counter_registered`,
+// `_detach_keep_version_counter_keys`; see Note [Reversible detach
+// registration] in DetachKeepVersionCounter.cpp).
+void init_install_bindings(pybind11::module_& m);
 
 } // namespace aliasguard::internals

@@ -2,6 +2,9 @@
 
 #include <torch/library.h>
 
+#include <memory>
+#include <mutex>
+
 namespace aliasguard::native {
 
 // Note [Detach below autograd keeps the version counter]
@@ -30,20 +33,77 @@ at::Tensor detach_keep_version_counter(const at::Tensor& self) {
       /*allow_tensor_metadata_change=*/false));
 }
 
+// Note [Reversible detach registration]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A TORCH_LIBRARY_IMPL block keeps its torch::Library in a static object that
+// lives until the library is unloaded, so its registrations cannot be taken
+// back. We own one torch::Library per key instead: destroying it releases its
+// registration handles, and the dispatcher recomputes aten::detach's table
+// for that key, which falls back to the CompositeExplicitAutograd kernel as
+// in stock torch (the key had no kernel of its own to restore). That is what
+// aliasguard.uninstall() relies on. Registering again creates new libraries.
+// The libraries are kept in a function-local static made when the library
+// loads, so they are destroyed before the dispatcher singleton, as a
+// TORCH_LIBRARY_IMPL block's would be.
 namespace {
 
-#define ALIASGUARD_REGISTER_DETACH(BACKEND)                  \
-  TORCH_LIBRARY_IMPL(aten, BACKEND, m) {                     \
-    m.impl("detach", TORCH_FN(detach_keep_version_counter)); \
+struct DetachRegistrations {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<torch::Library>> libraries;
+};
+
+DetachRegistrations& detach_registrations() {
+  static DetachRegistrations registrations;
+  return registrations;
+}
+
+} // namespace
+
+const std::vector<c10::DispatchKey>& detach_keep_version_counter_keys() {
+  static const std::vector<c10::DispatchKey> keys = {
+      c10::DispatchKey::CPU,
+      c10::DispatchKey::CUDA,
+      c10::DispatchKey::HIP,
+      c10::DispatchKey::XPU,
+      c10::DispatchKey::MPS,
+  };
+  return keys;
+}
+
+bool set_detach_keep_version_counter(bool registered) {
+  DetachRegistrations& registrations = detach_registrations();
+  const std::lock_guard<std::mutex> lock(registrations.mutex);
+  const bool was_registered = !registrations.libraries.empty();
+  if (registered == was_registered) {
+    return was_registered;
   }
+  if (!registered) {
+    registrations.libraries.clear();
+    return was_registered;
+  }
+  std::vector<std::unique_ptr<torch::Library>> libraries;
+  for (c10::DispatchKey key : detach_keep_version_counter_keys()) {
+    auto library = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    library->impl("detach", TORCH_FN(detach_keep_version_counter));
+    libraries.push_back(std::move(library));
+  }
+  registrations.libraries = std::move(libraries);
+  return was_registered;
+}
 
-ALIASGUARD_REGISTER_DETACH(CPU)
-ALIASGUARD_REGISTER_DETACH(CUDA)
-ALIASGUARD_REGISTER_DETACH(HIP)
-ALIASGUARD_REGISTER_DETACH(XPU)
-ALIASGUARD_REGISTER_DETACH(MPS)
+bool is_detach_keep_version_counter_registered() {
+  DetachRegistrations& registrations = detach_registrations();
+  const std::lock_guard<std::mutex> lock(registrations.mutex);
+  return !registrations.libraries.empty();
+}
 
-#undef ALIASGUARD_REGISTER_DETACH
+namespace {
+
+// Registered when the library loads, like the TORCH_LIBRARY_IMPL blocks this
+// replaces.
+[[maybe_unused]] const bool registered_at_load =
+    (set_detach_keep_version_counter(true), true);
 
 } // namespace
 } // namespace aliasguard::native
