@@ -14,17 +14,29 @@ private modules directly.
 
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import inspect
+import threading
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
 __all__ = [
     "INFRASTRUCTURE_CLASSES",
     "INFRASTRUCTURE_MODULE_PREFIXES",
+    "HigherOrderOperator",
+    "OpOverload",
+    "OpOverloadPacket",
     "TorchDispatchMode",
     "audit_key_set",
     "current_dispatch_modes",
+    "disable_current_modes",
+    "sac_respects_saved_tensors_hooks",
+    "tree_flatten",
+    "tree_leaves",
+    "tree_map",
+    "tree_unflatten",
     "functorch_transform_active",
     "higher_order_ops",
     "checkpoint_error_type",
@@ -52,6 +64,28 @@ __all__ = [
 # (torch.utils.python_dispatch) would do.
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+# Note [Operator classes]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# torch._ops defines the classes of the `func` a __torch_dispatch__ receives
+# (OpOverload), of `torch.ops.aten.add` (OpOverloadPacket) and of higher-order
+# operators (HigherOrderOperator, e.g. torch.ops.higher_order.cond).
+# aliasguard.checkpoint tells them apart to validate a policy's op list, and
+# the audit hooks HigherOrderOperator.__init__ while it is open (see Note
+# [Higher-order operators under an audit] in _install.py), which relies on
+# every higher-order operator's class running HigherOrderOperator.__init__
+# and that __init__ setting `non_fallthrough_keys`. Upstream: the classes are
+# documented (torch.library) but not exported from a public module.
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket  # noqa: E402
+
+# Note [Pytree]
+# ~~~~~~~~~~~~~
+# torch.utils._pytree flattens and rebuilds the nested outputs of an op
+# (selective checkpointing detaches and packs each tensor of them) the way
+# torch's own dispatch code does; its tree_* functions are torch's stable
+# pytree API in all but name. Upstream: torch.utils.pytree is the public
+# spelling on newer releases.
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten  # noqa: E402
+
 # Note [Disabled __torch_dispatch__ sentinel]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A class that sets `__torch_dispatch__ = torch._C._disabled_torch_dispatch_impl`
@@ -74,7 +108,7 @@ disabled_torch_dispatch_impl: Any = getattr(torch._C, "_disabled_torch_dispatch_
 # pair answers a recomputed in-place op with the cached tensor, which
 # autograd's ADInplaceOrView kernel ignores (it returns the argument), and only
 # the cache's version check, tuned to stock's counts inside the caching body,
-# turns that into an error; tracked counts (automatic view tracking, issue 9)
+# turns that into an error; tracked counts (automatic view tracking)
 # would turn it into silently wrong gradients. aliasguard.checkpoint
 # recomputes in-place ops instead. Upstream: a class attribute (say
 # `_is_infra_mode`, which some modes already carry) on every such mode.
@@ -156,6 +190,13 @@ def higher_order_ops() -> List[Any]:
     return list(torch._ops._higher_order_ops.values())
 
 
+def disable_current_modes() -> ContextManager[Any]:
+    """Stash every active dispatch mode for the block (see Note [Probing torch's SAC decision])."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
 def audit_key_set() -> Any:
     """The DispatchKeySet of the key the audit borrows."""
     return torch._C.DispatchKeySet(_AUDIT_DISPATCH_KEY)  # type: ignore[arg-type]  # accepts key names
@@ -221,12 +262,26 @@ def top_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[...
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
-def current_user_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[..., Any]]]:
-    """The user's hooks behind checkpoint's own; None when none, or torch predates the notion."""
+@functools.lru_cache(maxsize=None)
+def sac_respects_saved_tensors_hooks() -> bool:
+    """Whether the running torch's ``checkpoint`` takes ``respect_saved_tensors_hooks`` (2.14 on).
+
+    On such a torch ``torch.utils.checkpoint._current_user_saved_tensors_hooks``
+    must exist: the self-test requires it, so that a rename fails the import
+    instead of silently turning the option off.
+    """
     import torch.utils.checkpoint as checkpoint
 
-    finder = getattr(checkpoint, "_current_user_saved_tensors_hooks", None)
-    return None if finder is None else finder()
+    return "respect_saved_tensors_hooks" in inspect.signature(checkpoint.checkpoint).parameters
+
+
+def current_user_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Callable[..., Any]]]:
+    """The user's hooks behind checkpoint's own; None when none, or torch predates the notion."""
+    if not sac_respects_saved_tensors_hooks():
+        return None
+    import torch.utils.checkpoint as checkpoint
+
+    return checkpoint._current_user_saved_tensors_hooks()  # type: ignore[attr-defined]  # 2.14 on
 
 
 def is_aot_tracing() -> bool:
@@ -260,10 +315,9 @@ def has_ordered_effects(op: Any) -> bool:
 def sac_probe_saves(policy_fn: Callable[..., Any], op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
     """Whether torch's own SAC forward mode keeps ``op``'s output under ``policy_fn``."""
     import torch.utils.checkpoint as checkpoint
-    from torch.utils._python_dispatch import _disable_current_modes
 
     forward, _ = checkpoint.create_selective_checkpoint_contexts(policy_fn)
-    with _disable_current_modes(), forward:
+    with disable_current_modes(), forward:
         op(*args, **kwargs)
     slots = forward.storage[op]
     return slots[0] is not checkpoint._RECOMPUTE
@@ -293,6 +347,47 @@ def _resolve(dotted: str) -> Any:
     """The object named ``pkg.module.Attr``; raises if any part is missing."""
     module_name, _, attribute = dotted.rpartition(".")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+def _key_set_arithmetic_holds() -> bool:
+    key = audit_key_set()
+    full = torch._C._dispatch_keyset_full()
+    without = full - key
+    return without != full and (without | key) == full and (without - key) == without
+
+
+def _higher_order_operator_init_holds() -> bool:
+    init = HigherOrderOperator.__dict__.get("__init__")
+    if not callable(init) or "non_fallthrough_keys" not in init.__code__.co_names:
+        return False
+    ops = higher_order_ops()
+    return bool(ops) and all(isinstance(op, HigherOrderOperator) for op in ops)
+
+
+def _pytree_holds() -> bool:
+    a, b = torch.zeros(1), torch.ones(1)
+    leaves, spec = tree_flatten((a, [b, None]))
+    rebuilt = tree_unflatten(leaves, spec)
+    mapped = tree_map(lambda t: t + 1 if isinstance(t, torch.Tensor) else t, (a, [b, None]))
+    return (
+        len(leaves) == 3
+        and leaves[0] is a
+        and leaves[1] is b
+        and rebuilt[0] is a
+        and rebuilt[1][0] is b
+        and rebuilt[1][1] is None
+        and bool(mapped[1][0].eq(2).all())
+        and tree_leaves({"x": a})[0] is a
+    )
+
+
+def _disable_current_modes_holds() -> bool:
+    # The base class itself: no subclass is made (install() would wrap it).
+    with TorchDispatchMode():
+        inside = current_dispatch_modes()
+        with disable_current_modes():
+            stashed = current_dispatch_modes()
+    return len(inside) == 1 and stashed == []
 
 
 def _check_python_internals() -> List[str]:
@@ -341,8 +436,43 @@ def _check_python_internals() -> List[str]:
     )
     expect(
         "torch._C.DispatchKeySet('DeferredInit')",
-        lambda: repr(audit_key_set()) == "DispatchKeySet(DeferredInit)",
-        "does not name the key the audit borrows",
+        lambda: repr(audit_key_set()) == "DispatchKeySet(DeferredInit)"
+        and _key_set_arithmetic_holds(),
+        "does not name the key the audit borrows, or its - / | / == do not remove, add and compare keys",
+    )
+    expect(
+        "torch._ops.HigherOrderOperator.__init__",
+        _higher_order_operator_init_holds,
+        "is not a function of HigherOrderOperator itself that sets non_fallthrough_keys, "
+        "or a higher-order operator is not a HigherOrderOperator",
+    )
+    expect(
+        "torch._ops.OpOverload / OpOverloadPacket",
+        lambda: isinstance(torch.ops.aten.add.Tensor, OpOverload)
+        and isinstance(torch.ops.aten.add, OpOverloadPacket)
+        and not isinstance(torch.ops.aten.add, OpOverload),
+        "no longer the classes of torch.ops.aten.add.Tensor / torch.ops.aten.add",
+    )
+    expect(
+        "torch.utils._pytree.tree_flatten / tree_unflatten / tree_map / tree_leaves",
+        _pytree_holds,
+        "does not flatten, rebuild and map a (tensor, [tensor, None]) output",
+    )
+    expect(
+        "torch.utils._python_dispatch._disable_current_modes",
+        _disable_current_modes_holds,
+        "does not stash an active mode for its block",
+    )
+    expect(
+        "torch.utils.checkpoint._current_user_saved_tensors_hooks",
+        lambda: not sac_respects_saved_tensors_hooks() or current_user_saved_tensors_hooks() is None,
+        "is not callable, or reports hooks where none are set, although torch's checkpoint "
+        "takes respect_saved_tensors_hooks",
+    )
+    expect(
+        "threading.Thread._bootstrap_inner",
+        lambda: callable(getattr(threading.Thread, "_bootstrap_inner", None)),
+        "is gone: threads started inside an audited test can no longer be audited",
     )
     expect(
         "torch.utils.checkpoint.SAC_IGNORED_OPS",

@@ -1,11 +1,13 @@
 """The import-time self-test of the torch internals aliasguard relies on."""
 
+import inspect
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard  # noqa: F401
@@ -49,6 +51,23 @@ BROKEN = {
     "torch._ops.OpOverload._schema": (
         "import torch._ops as o; o.OpOverload._schema = property(lambda self: None)"
     ),
+    "torch.utils._python_dispatch._disable_current_modes": (
+        "import contextlib, torch.utils._python_dispatch as d; d._disable_current_modes = contextlib.nullcontext"
+    ),
+    "torch._ops.HigherOrderOperator.__init__": (
+        "import torch._ops as o; o.HigherOrderOperator.__init__ = lambda self, name, **kwargs: None"
+    ),
+    "torch.utils._pytree.tree_flatten": (
+        "import torch.utils._pytree as p; p.tree_unflatten = lambda leaves, spec: list(leaves)"
+    ),
+    "threading.Thread._bootstrap_inner": "import threading; del threading.Thread._bootstrap_inner",
+    # A torch whose checkpoint takes respect_saved_tensors_hooks (2.14 on) but
+    # whose user-hooks finder is gone: the option would silently do nothing.
+    "torch.utils.checkpoint._current_user_saved_tensors_hooks": (
+        "import torch.utils.checkpoint as c; "
+        "c.checkpoint = lambda function, *args, respect_saved_tensors_hooks=False, **kwargs: None; "
+        "c.__dict__.pop('_current_user_saved_tensors_hooks', None)"
+    ),
 }
 
 
@@ -69,6 +88,44 @@ def test_a_changed_internal_fails_the_import_naming_it(internal):
     assert result.returncode == 0, result.stderr
     assert "ImportError: aliasguard cannot run on torch" in result.stdout, result.stdout
     assert internal in result.stdout, result.stdout
+
+
+def test_user_hooks_finder_is_required_only_where_checkpoint_takes_the_option():
+    # The control for the case above: with the finder present, the same torch imports.
+    result = run_python(
+        """
+        import torch.utils.checkpoint as c
+        c.checkpoint = lambda function, *args, respect_saved_tensors_hooks=False, **kwargs: None
+        c._current_user_saved_tensors_hooks = lambda: None
+        import aliasguard
+        from aliasguard import _torch_internals
+        print(_torch_internals.sac_respects_saved_tensors_hooks())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+    expected = "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+    assert _torch_internals.sac_respects_saved_tensors_hooks() is expected
+
+
+def test_detach_kernel_keys_have_no_stock_kernel():
+    # The keys come from the C++ registration itself; the question goes to a
+    # process that never imported aliasguard.
+    keys = _C._detach_keep_version_counter_keys()
+    assert "CPU" in keys and len(keys) == len(set(keys))
+    result = run_python(
+        f"""
+        import sys
+        import torch
+        keys = {keys!r}
+        print([k for k in keys if torch._C._dispatch_has_kernel_for_dispatch_key("aten::detach", k)])
+        print("aliasguard" in sys.modules)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "False"], result.stdout
+    # Here, installed, each of them has aliasguard's kernel.
+    assert all(torch._C._dispatch_has_kernel_for_dispatch_key("aten::detach", key) for key in keys)
 
 
 def test_tracing_infrastructure_is_recognised_and_user_modes_are_not():
