@@ -13,7 +13,9 @@
 # Provides:
 #   aliasguard::torch         headers, ABI flag, c10 + torch_cpu + torch
 #   aliasguard::torch_python  the above plus torch_python (Python extension only)
-#   ALIASGUARD_TORCH_VERSION  torch.__version__ of the torch compiled against
+#   ALIASGUARD_TORCH_VERSION  torch.__version__ of the torch compiled against,
+#                             inside the supported range (CheckTorchVersion.cmake)
+#   ALIASGUARD_TORCH_MIN, ALIASGUARD_TORCH_MAX  that range, [MIN, MAX)
 #   ALIASGUARD_TORCH_CXX11_ABI 0 or 1
 #   ALIASGUARD_TORCH_LIBRARY_DIR, TORCH_INSTALL_PREFIX (torch's package folder)
 #   TORCH_LIBRARIES, TORCH_PYTHON_LIBRARY (the same targets, under the names
@@ -22,6 +24,11 @@
 if(NOT Python_EXECUTABLE)
   message(FATAL_ERROR "TorchFromPython.cmake needs Python_EXECUTABLE (call find_package(Python) first)")
 endif()
+
+# ALIASGUARD_TORCH_MIN / _MAX (read from pyproject.toml, so editing the range
+# there reconfigures) and aliasguard_check_torch_version().
+include("${CMAKE_CURRENT_LIST_DIR}/CheckTorchVersion.cmake")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${CMAKE_CURRENT_LIST_DIR}/../pyproject.toml")
 
 set(_ag_query_dir "${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/aliasguard-torch-query")
 file(MAKE_DIRECTORY "${_ag_query_dir}")
@@ -50,7 +57,8 @@ if(NOT _ag_rc EQUAL 0)
   message(FATAL_ERROR
     "aliasguard builds against the torch installed for ${Python_EXECUTABLE}, "
     "but that interpreter cannot import torch:\n  ${_ag_err}\n\n"
-    "Install torch (2.13 or 2.14) for this interpreter first, then build with:\n"
+    "Install torch (torch>=${ALIASGUARD_TORCH_MIN},<${ALIASGUARD_TORCH_MAX}) for this interpreter first, "
+    "then build with:\n"
     "  pip install scikit-build-core cmake ninja\n"
     "  pip install --no-build-isolation .\n"
     "or, from a source checkout, `make build` (which sets up .venv itself). "
@@ -71,14 +79,10 @@ if(_ag_n GREATER 3)
 endif()
 set(ALIASGUARD_TORCH_LIBRARY_DIR "${TORCH_INSTALL_PREFIX}/lib")
 
-string(REGEX MATCH "^[0-9]+\\.[0-9]+(\\.[0-9]+)?" _ag_release "${ALIASGUARD_TORCH_VERSION}")
-if(_ag_release VERSION_LESS 2.13)
-  message(FATAL_ERROR
-    "aliasguard needs torch >= 2.13, but ${Python_EXECUTABLE} has torch ${ALIASGUARD_TORCH_VERSION}.")
-elseif(_ag_release VERSION_GREATER_EQUAL 2.15)
-  message(WARNING
-    "aliasguard is tested with torch 2.13 and 2.14; building against untested torch ${ALIASGUARD_TORCH_VERSION}.")
-endif()
+# A torch outside the supported range stops the configure here, before
+# anything is built (see Note [Supported torch range]).
+aliasguard_check_torch_version("${ALIASGUARD_TORCH_VERSION}"
+  "for ${Python_EXECUTABLE} (at ${TORCH_INSTALL_PREFIX})")
 if(_ag_cuda)
   set(_ag_kind "CUDA ${_ag_cuda} wheel; no CUDA toolkit needed")
 else()
