@@ -2,9 +2,11 @@
 
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/storage_alias.h>
 #include <torch/csrc/utils/torch_internals.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,8 +50,10 @@ namespace aliasguard::utils {
 // reported:
 //   * ops whose unannotated returns share memory by design:
 //     aten::_unsafe_view and the unsafe_split family (views that autograd is
-//     told not to track), and c10d's collectives, which return the tensors
-//     they were given (the schemas carry no write annotation);
+//     told not to track), c10d's collectives, which return the tensors
+//     they were given (the schemas carry no write annotation), and the
+//     functional collectives' wait_tensor, which hands back the tensor it
+//     waited for;
 //   * functorch's and functionalization's wrappers (vmap's batched tensors,
 //     the legacy batched tensors of autograd.grad(is_grads_batched=True),
 //     grad's wrappers, functionalize's tensors): they have no storage of
@@ -72,7 +76,9 @@ bool returns_alias_by_design(const SchemaAliasAnalysis& analysis) {
   }
   name = name.substr(0, name.find('.'));
   return name == "aten::_unsafe_view" || name == "aten::unsafe_split" ||
-      name == "aten::unsafe_chunk" || name == "aten::unsafe_split_with_sizes";
+      name == "aten::unsafe_chunk" || name == "aten::unsafe_split_with_sizes" ||
+      name == "_c10d_functional::wait_tensor" ||
+      name == "c10d_functional::wait_tensor";
 }
 
 bool is_functorch_wrapper(const at::Tensor& tensor) {
@@ -139,11 +145,27 @@ void audit_fresh_output(
   }
 }
 
+std::atomic<WrapperViewJudge> wrapper_view_judge{nullptr};
+
+// See Note [Wrapper views judged by their inner tensors].
+bool judged_by_inner_tensors(
+    const AliasSite& site,
+    const at::Tensor& input,
+    const at::Tensor& output) {
+  if (!autograd::has_placeholder_storage(output) ||
+      !autograd::has_placeholder_storage(input)) {
+    return false;
+  }
+  const WrapperViewJudge judge = wrapper_view_judge.load();
+  return judge != nullptr && judge(site, input, output);
+}
+
 void audit_view_output(
     const AliasSite& site,
     const at::Tensor& input,
     const at::Tensor& output,
-    bool views_share_version_counter) {
+    bool views_share_version_counter,
+    bool judge_wrapper_views) {
   if (output.is_same(input) || !comparable(input, output)) {
     return;
   }
@@ -152,7 +174,8 @@ void audit_view_output(
   const bool checkable = output.has_storage() && input.has_storage() &&
       !(autograd::has_placeholder_storage(input) &&
         autograd::has_real_storage(output));
-  if (checkable && !autograd::storages_alias(output, input)) {
+  if (checkable && !autograd::storages_alias(output, input) &&
+      !(judge_wrapper_views && judged_by_inner_tensors(site, input, output))) {
     throw_aliasing_error(
         site,
         autograd::has_placeholder_storage(output) ? AliasViolation::kViewStorage
@@ -211,7 +234,8 @@ void audit_return(
     const ReturnAlias& alias,
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
-    bool views_share_version_counter) {
+    bool views_share_version_counter,
+    bool judge_wrapper_views) {
   if (alias.kind == ReturnAliasKind::kWrite && !alias.is_list &&
       !value.is_tensor()) {
     // An in-place handler ending in a bare `return`: whatever the caller
@@ -243,7 +267,8 @@ void audit_return(
             element_site,
             tensor_argument(element_site, args),
             output,
-            views_share_version_counter);
+            views_share_version_counter,
+            judge_wrapper_views);
         break;
       case ReturnAliasKind::kWrite: {
         const OpValueRef& argument = args[alias.argument];
@@ -264,13 +289,12 @@ void audit_return(
   }
 }
 
-} // namespace
-
-void audit_aliasing_borrowed(
+void audit_returns(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
-    bool views_share_version_counter) {
+    bool views_share_version_counter,
+    bool judge_wrapper_views) {
   check_arity(analysis, args.size(), rets.size());
   const auto& returns = analysis.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
@@ -285,52 +309,127 @@ void audit_aliasing_borrowed(
         alias,
         args,
         rets[i],
-        views_share_version_counter);
+        views_share_version_counter,
+        judge_wrapper_views);
   }
+}
+
+bool holds_data(const InnerTensorLeaf& leaf) {
+  return leaf.tensor.defined() && leaf.tensor.has_storage() &&
+      !holds_no_bytes(leaf.tensor);
+}
+
+} // namespace
+
+void audit_aliasing_borrowed(
+    const SchemaAliasAnalysis& analysis,
+    c10::ArrayRef<OpValueRef> args,
+    c10::ArrayRef<OpValueRef> rets,
+    bool views_share_version_counter) {
+  audit_returns(
+      analysis,
+      args,
+      rets,
+      views_share_version_counter,
+      /*judge_wrapper_views=*/false);
 }
 
 void audit_aliasing(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<c10::IValue> args,
     c10::ArrayRef<c10::IValue> rets,
-    bool views_share_version_counter) {
+    bool views_share_version_counter,
+    bool judge_wrapper_views) {
   const BorrowedIValues arg_refs(args);
   const BorrowedIValues ret_refs(rets);
-  audit_aliasing_borrowed(
-      analysis, arg_refs.refs(), ret_refs.refs(), views_share_version_counter);
+  audit_returns(
+      analysis,
+      arg_refs.refs(),
+      ret_refs.refs(),
+      views_share_version_counter,
+      judge_wrapper_views);
+}
+
+void set_wrapper_view_judge(WrapperViewJudge judge) {
+  wrapper_view_judge.store(judge);
 }
 
 void audit_inner_view(
-    const SchemaAliasAnalysis& analysis,
-    size_t return_index,
-    size_t argument,
-    const std::string& inner_name,
-    const at::Tensor& inner_output,
-    c10::ArrayRef<at::Tensor> inner_inputs) {
+    const AliasSite& site,
+    const at::Tensor& input,
+    c10::ArrayRef<InnerTensorLeaf> output_leaves,
+    c10::ArrayRef<InnerTensorLeaf> input_leaves) {
   // See Note [Inner tensors of traceable wrappers].
-  if (!inner_output.defined() || !inner_output.has_storage() ||
-      holds_no_bytes(inner_output)) {
-    return;
-  }
-  for (const at::Tensor& input : inner_inputs) {
-    if (!input.defined()) {
+  c10::SmallVector<const InnerTensorLeaf*, 4> copies;
+  bool shares_data = false;
+  for (const InnerTensorLeaf& leaf : output_leaves) {
+    if (!holds_data(leaf)) {
       continue;
     }
-    // Aliasing found, or a pair that cannot be judged: nothing to report.
-    if (!comparable(input, inner_output) || inner_output.is_same(input) ||
-        autograd::storages_alias(inner_output, input)) {
-      return;
+    bool judged = false; // aliasing found, or a pair that cannot be judged
+    for (const InnerTensorLeaf& input : input_leaves) {
+      if (!input.tensor.defined()) {
+        continue;
+      }
+      if (!comparable(input.tensor, leaf.tensor)) {
+        judged = true;
+      } else if (
+          leaf.tensor.is_same(input.tensor) ||
+          autograd::storages_alias(leaf.tensor, input.tensor)) {
+        judged = true;
+        shares_data = true;
+      }
+      if (judged) {
+        break;
+      }
+    }
+    if (!judged) {
+      copies.push_back(&leaf);
     }
   }
-  const AliasSite site{analysis, return_index, argument};
-  throw_aliasing_error(
-      site,
-      AliasViolation::kViewInnerCopy,
-      "is a wrapper whose inner tensor '" + inner_name +
-          "' shares no memory with the inner tensors of " +
-          site.argument_name() +
-          ", of which the schema says it is a view: writes through the view "
-          "never reach the input's data");
+  for (const InnerTensorLeaf* copy : copies) {
+    // The copy's counter, and those of the input's inner tensors it may
+    // stand for.
+    std::vector<c10::VariableVersion> counters{
+        copy->tensor.unsafeGetTensorImpl()->version_counter()};
+    bool matched = false;
+    for (const InnerTensorLeaf& input : input_leaves) {
+      if (input.tensor.defined() && input.name == copy->name) {
+        counters.push_back(
+            input.tensor.unsafeGetTensorImpl()->version_counter());
+        matched = true;
+      }
+    }
+    for (const InnerTensorLeaf& input : input_leaves) {
+      if (!matched && input.tensor.defined()) {
+        counters.push_back(
+            input.tensor.unsafeGetTensorImpl()->version_counter());
+      }
+    }
+    // Inference tensors are written without counting: a divergence could
+    // not be seen, so such a copy is reported now.
+    bool watchable = shares_data;
+    for (const c10::VariableVersion& counter : counters) {
+      watchable = watchable && counter.enabled();
+    }
+    const std::string problem = "is a wrapper whose inner tensor '" +
+        copy->name + "' shares no memory with the inner tensors of " +
+        site.argument_name() + ", of which the schema says it is a view: " +
+        (watchable
+             ? "that copy, or the input's '" + copy->name +
+                 "', was written after the view was made, and the write "
+                 "does not reach the other"
+             : std::string("writes through the view never reach the input's "
+                           "data"));
+    try {
+      throw_aliasing_error(site, AliasViolation::kViewInnerCopy, problem);
+    } catch (const AliasingError& error) {
+      if (!watchable) {
+        throw;
+      }
+      watch_inner_copy(error, input, std::move(counters));
+    }
+  }
 }
 
 bool is_alias_audit_enabled() {

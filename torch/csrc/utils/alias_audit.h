@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/macros/AliasguardExport.h>
 #include <c10/util/ArrayRef.h>
 #include <torch/csrc/utils/aliasing_error.h>
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 // The alias audit: checks, changing nothing, that an op's outputs keep its
 // schema's aliasing promises. The checks are here; the dispatcher fallback
@@ -27,11 +29,15 @@ ALIASGUARD_API void audit_aliasing_borrowed(
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter);
+// The same on boxed values, as the audit fallback has them; with
+// `judge_wrapper_views`, see Note [Wrapper views judged by their inner
+// tensors].
 ALIASGUARD_API void audit_aliasing(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<c10::IValue> args,
     c10::ArrayRef<c10::IValue> rets,
-    bool views_share_version_counter);
+    bool views_share_version_counter,
+    bool judge_wrapper_views = false);
 
 // Note [Inner tensors of traceable wrappers]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -39,18 +45,80 @@ ALIASGUARD_API void audit_aliasing(
 // wrapper-level check once correction has given the wrapper its input's
 // storage, yet writes through the view never reach the input's data. Where
 // both sides are traceable (__tensor_flatten__), the audit also checks a view
-// return's inner tensors (flattened down to plain tensors): each one holding
-// data must share memory with some inner tensor of the input. "Some", not
-// "the one of the same name": a view may legitimately rearrange which inner
-// tensor holds what (a transposed packing), and the property that matters is
-// that the view's data is the input's data.
+// return's inner tensors (flattened down to plain tensors) against the
+// input's. "Against some inner tensor of the input", not "the one of the
+// same name": a view may legitimately rearrange which inner tensor holds what
+// (a transposed packing); what matters is that the view's data is the
+// input's data. Which copies are reported, and when:
+//   * no inner tensor of the view that holds data shares memory with the
+//     input's: the view is a copy, reported at once, as a plain tensor
+//     answering a view op with a copy is;
+//   * some do, some are copies (torchao's quantized optimizer states slice
+//     their codes and scales but clone their constant lookup table): the view
+//     shares the input's data and keeps private copies of the rest. A private
+//     copy makes the view and the input disagree only once one side of it is
+//     written, which a constant never is. So each copy is watched instead:
+//     the version counters of the copy and of the input's inner tensor it
+//     stands for (the one of the same name, or all of the input's when no
+//     name matches) are recorded, and the copy is reported (as
+//     view_inner_copy, naming the view op) after the first audited op during
+//     which either counter moved. Watches belong to the thread, end with its
+//     last audit scope, and are dropped once nothing else holds the counters
+//     (the tensors are gone: nothing can write them any more). A write the
+//     audit cannot see (after the scope, or through a data pointer) goes
+//     unreported, as every write the audit does not see does.
+struct InnerTensorLeaf {
+  std::string name; // the dotted attribute path from the wrapper
+  at::Tensor tensor;
+};
+
+// Checks the inner tensors of the view `output_leaves` (at `site`) against
+// `input_leaves`, those of the wrapper `input`, by the rules above: throws
+// AliasingError (view_inner_copy) for a view that is a copy, watches partial
+// copies on this thread.
 ALIASGUARD_API void audit_inner_view(
-    const SchemaAliasAnalysis& analysis,
-    size_t return_index,
-    size_t argument,
-    const std::string& inner_name,
-    const at::Tensor& inner_output,
-    c10::ArrayRef<at::Tensor> inner_inputs);
+    const AliasSite& site,
+    const at::Tensor& input,
+    c10::ArrayRef<InnerTensorLeaf> output_leaves,
+    c10::ArrayRef<InnerTensorLeaf> input_leaves);
+
+// Copies watched on this thread (see above).
+ALIASGUARD_API size_t watched_inner_copies();
+// Watches a copy: `error` is reported once one of `counters` has moved from
+// the version it has now, blamed on the class of the wrapper `input` if it
+// still lives. Called by audit_inner_view.
+void watch_inner_copy(
+    AliasingError error,
+    const at::Tensor& input,
+    std::vector<c10::VariableVersion> counters);
+// Reports, through the audit's reporter, each watched copy whose counters
+// moved since it was watched, and forgets it; throws (AliasingError, or the
+// reporter's own exception) when the reporter does not handle one. The audit
+// fallback calls it after every op while copies are watched.
+ALIASGUARD_API void report_diverged_inner_copies();
+
+// Note [Wrapper views judged by their inner tensors]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The audit fallback sees results that no alias correction touched: those of
+// a __torch_dispatch__ that torch itself bypasses (DTensor is dispatched by
+// torch's C++ fast path, which gives a single view return its input's
+// storage but leaves each wrapper of a list return - split, chunk, unbind -
+// its own placeholder), or of a class that opted out of correction. A
+// placeholder storage holds no data: whether a write through such a view
+// reaches the input is decided by the inner tensors, and whether autograd and
+// caches see it by the version counter, which the audit checks on its own.
+// So when a view return is a wrapper whose placeholder storage is not its
+// wrapper input's, the fallback asks the judge (set by the Python bindings,
+// which can flatten traceable wrappers) to check the pair by their inner
+// tensors (Note [Inner tensors of traceable wrappers]) instead; only a pair
+// the judge cannot see into (not traceable) is reported as view_storage.
+// The judge returns whether it judged the pair; it throws what
+// audit_inner_view throws.
+using WrapperViewJudge = bool (*)(
+    const AliasSite& site,
+    const at::Tensor& input,
+    const at::Tensor& output);
+ALIASGUARD_API void set_wrapper_view_judge(WrapperViewJudge judge);
 
 // Whether the audit's fallback checks ops dispatched on this thread (and the
 // autograd work it starts). See Note [Audit lifetime].

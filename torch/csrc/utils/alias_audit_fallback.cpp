@@ -5,10 +5,14 @@
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/utils/torch_internals.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
+#include <vector>
 
 // The dispatcher fallback that runs the alias audit (alias_audit.cpp) on
 // every op of a thread that enabled it. See Note [Alias audit].
@@ -57,6 +61,7 @@ void audit_fallback(
       !has_tensor_inputs(inputs) ||
       op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
     op.redispatchBoxed(below, stack);
+    report_diverged_inner_copies();
     return;
   }
   // The op pops its arguments; keep them to check the results against.
@@ -70,19 +75,22 @@ void audit_fallback(
       stack->data() + stack->size() - num_rets, num_rets);
   try {
     audit_aliasing(
-        *analysis, args, rets, below.has(c10::DispatchKey::ADInplaceOrView));
+        *analysis,
+        args,
+        rets,
+        below.has(c10::DispatchKey::ADInplaceOrView),
+        /*judge_wrapper_views=*/true);
   } catch (const AliasingError& error) {
-    // See Note [One report per op call].
-    if (reported_violation_since(mark, *analysis)) {
-      return;
-    }
     AliasingErrorReporter reporter = audit_error_reporter.load();
-    if (reporter != nullptr && reporter(error, args)) {
+    // See Note [One report per op call].
+    if (!reported_violation_since(mark, *analysis)) {
+      if (reporter == nullptr || !reporter(error, args)) {
+        throw;
+      }
       note_reported_violation(*analysis);
-      return;
     }
-    throw;
   }
+  report_diverged_inner_copies();
 }
 
 } // namespace
@@ -119,6 +127,34 @@ AuditRegistration& audit_registration() {
 }
 
 thread_local size_t audit_depth = 0;
+
+// See Note [Inner tensors of traceable wrappers].
+struct WatchedCopy {
+  AliasingError error;
+  // Weak: a watch must not keep a wrapper (and its inner data) alive.
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> input;
+  std::vector<c10::VariableVersion> counters;
+  std::vector<uint32_t> versions;
+
+  bool diverged() const {
+    for (size_t i = 0; i < counters.size(); ++i) {
+      if (counters[i].current_version() != versions[i]) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // Nothing but this watch holds the counters: the tensors are gone.
+  bool orphaned() const {
+    for (const c10::VariableVersion& counter : counters) {
+      if (!counter.unique()) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+thread_local std::vector<WatchedCopy> watched_copies;
 
 thread_local uint64_t reported_epoch = 0;
 thread_local const SchemaAliasAnalysis* reported_op = nullptr;
@@ -185,6 +221,7 @@ void exit_alias_audit(bool check_kernels) {
   if (--audit_depth == 0) {
     c10::impl::tls_set_dispatch_key_included(
         internals::kAuditDispatchKey, false);
+    watched_copies.clear();
   }
   release_alias_audit_fallback();
 }
@@ -212,6 +249,60 @@ bool reported_violation_since(
     const ReportedViolationMark& mark,
     const SchemaAliasAnalysis& analysis) {
   return reported_epoch != mark.epoch && reported_op == &analysis;
+}
+
+void watch_inner_copy(
+    AliasingError error,
+    const at::Tensor& input,
+    std::vector<c10::VariableVersion> counters) {
+  if (audit_depth == 0) {
+    // A thread auditing for another (autograd's workers) has no scope that
+    // would end the watch: reported now, as a copy that is not watched.
+    throw error;
+  }
+  if (watched_copies.size() >= 64) {
+    watched_copies.erase(
+        std::remove_if(
+            watched_copies.begin(),
+            watched_copies.end(),
+            [](const WatchedCopy& copy) { return copy.orphaned(); }),
+        watched_copies.end());
+  }
+  std::vector<uint32_t> versions;
+  versions.reserve(counters.size());
+  for (const c10::VariableVersion& counter : counters) {
+    versions.push_back(counter.current_version());
+  }
+  watched_copies.push_back(WatchedCopy{
+      std::move(error),
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+          input.getIntrusivePtr()),
+      std::move(counters),
+      std::move(versions)});
+}
+
+size_t watched_inner_copies() {
+  return watched_copies.size();
+}
+
+void report_diverged_inner_copies() {
+  for (size_t i = 0; i < watched_copies.size();) {
+    if (!watched_copies[i].diverged()) {
+      ++i;
+      continue;
+    }
+    const AliasingError error = std::move(watched_copies[i].error);
+    // The wrapper, as an argument, tells the reporter whom to blame.
+    c10::SmallVector<c10::IValue, 1> owner;
+    if (auto input = watched_copies[i].input.lock()) {
+      owner.emplace_back(at::Tensor(std::move(input)));
+    }
+    watched_copies.erase(watched_copies.begin() + static_cast<ptrdiff_t>(i));
+    AliasingErrorReporter reporter = audit_error_reporter.load();
+    if (reporter == nullptr || !reporter(error, owner)) {
+      throw error;
+    }
+  }
 }
 
 } // namespace aliasguard::utils

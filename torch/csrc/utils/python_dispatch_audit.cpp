@@ -1,6 +1,7 @@
 #include <torch/csrc/utils/python_dispatch_audit.h>
 
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_op_values.h>
@@ -55,12 +56,12 @@ void check_only(
 // correction refused, with what the handler returned (stock behaviour).
 
 // Flattens a traceable wrapper (one with __tensor_flatten__) down to plain
-// tensors: appends (dotted attribute path, tensor) to `leaves`. Returns false
-// when `obj` is not traceable.
+// tensors: appends each with its dotted attribute path to `leaves`. Returns
+// false when `obj` is not traceable.
 bool flatten_traceable(
     PyObject* obj,
     const std::string& prefix,
-    std::vector<std::pair<std::string, at::Tensor>>& leaves,
+    std::vector<InnerTensorLeaf>& leaves,
     int depth = 0) {
   if (depth > 8 || !internals::is_tensor_object(obj) ||
       THPVariable_CheckExact(obj)) {
@@ -87,7 +88,7 @@ bool flatten_traceable(
     const std::string path = prefix + py::str(name).cast<std::string>();
     if (!flatten_traceable(inner.ptr(), path + ".", leaves, depth + 1) &&
         internals::is_tensor_object(inner.ptr())) {
-      leaves.emplace_back(path, THPVariable_Unpack(inner.ptr()));
+      leaves.push_back(InnerTensorLeaf{path, THPVariable_Unpack(inner.ptr())});
     }
   }
   return true;
@@ -118,30 +119,60 @@ void audit_inner_views(
     if (input == nullptr || value == nullptr) {
       continue;
     }
-    std::vector<std::pair<std::string, at::Tensor>> input_leaves;
+    std::vector<InnerTensorLeaf> input_leaves;
     if (!flatten_traceable(input, "", input_leaves)) {
       continue;
     }
-    std::vector<at::Tensor> inputs;
-    inputs.reserve(input_leaves.size());
-    for (auto& leaf : input_leaves) {
-      inputs.push_back(leaf.second);
-    }
+    const AliasSite site{analysis, i, returns[i].argument};
     const bool is_sequence = PyTuple_Check(value) || PyList_Check(value);
     const Py_ssize_t count = is_sequence ? PySequence_Fast_GET_SIZE(value) : 1;
     for (Py_ssize_t k = 0; k < count; ++k) {
       PyObject* output =
           is_sequence ? PySequence_Fast_GET_ITEM(value, k) : value;
-      std::vector<std::pair<std::string, at::Tensor>> output_leaves;
-      if (!flatten_traceable(output, "", output_leaves)) {
-        continue;
-      }
-      for (const auto& [name, leaf] : output_leaves) {
-        audit_inner_view(analysis, i, returns[i].argument, name, leaf, inputs);
+      std::vector<InnerTensorLeaf> output_leaves;
+      if (flatten_traceable(output, "", output_leaves)) {
+        audit_inner_view(
+            is_sequence ? site.with_element(static_cast<size_t>(k)) : site,
+            THPVariable_Unpack(input),
+            output_leaves,
+            input_leaves);
       }
     }
   }
 }
+
+// The judge of Note [Wrapper views judged by their inner tensors], called by
+// the audit fallback (with or without the GIL).
+bool judge_wrapper_view(
+    const AliasSite& site,
+    const at::Tensor& input,
+    const at::Tensor& output) {
+  py::gil_scoped_acquire gil;
+  std::vector<InnerTensorLeaf> input_leaves;
+  std::vector<InnerTensorLeaf> output_leaves;
+  try {
+    const py::object input_object =
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(input));
+    const py::object output_object =
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(output));
+    if (!input_object || !output_object ||
+        !flatten_traceable(input_object.ptr(), "", input_leaves) ||
+        !flatten_traceable(output_object.ptr(), "", output_leaves)) {
+      PyErr_Clear();
+      return false;
+    }
+  } catch (const python_error&) {
+    // A __tensor_flatten__ that fails: the pair cannot be seen into, and
+    // the storage check reports it.
+    PyErr_Clear();
+    return false;
+  }
+  audit_inner_view(site, input, output_leaves, input_leaves);
+  return true;
+}
+
+const bool wrapper_view_judge_set =
+    (set_wrapper_view_judge(&judge_wrapper_view), true);
 
 } // namespace
 
