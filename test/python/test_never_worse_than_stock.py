@@ -127,15 +127,24 @@ def test_audit_quiet_under_functionalize():
     assert got.tolist() == [1.0] * 4
 
 
-def test_audit_quiet_on_c10d_collectives():
+@pytest.mark.parametrize("how", ["kernels", "pass_through"])
+def test_audit_quiet_on_c10d_collectives(how):
+    # The collectives reach the audit (kernels=True, or a pass-through mode):
+    # the control in assert_quiet_and_controlled shows that they did.
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
     from real_client_workloads import gloo_world_of_one
+    from test_audit_controls import assert_quiet_and_controlled
 
     with gloo_world_of_one():
         t = torch.arange(4.0)
-        with aliasguard.audit():
+
+        def workload():
             dist.broadcast(t, 0)
             dist.all_reduce(t)
+            funcol.all_reduce(t, "sum", dist.group.WORLD).wait()
+
+        assert_quiet_and_controlled(workload, how)
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
