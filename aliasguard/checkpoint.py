@@ -62,7 +62,9 @@ region (``torch.compile``, including ``fullgraph=True``, or export),
 the same policy. There the policy is not a runtime cache but a tag on every
 traced node that the partitioner honours, so the compiled graph saves exactly
 what torch's SAC saves; the mutation checks do not apply (torch warns that
-the region must not mutate), as there is no cache to mutate.
+the region must not mutate), as there is no cache to mutate. The policy
+function's results are checked as in eager mode (a numpy bool is a bool,
+anything else that is not a policy raises :class:`CheckpointPolicyError`).
 
 ``Tensor.data`` stays the escape hatch: it returns an alias with a fresh
 version counter, so writes through it are neither refused nor detected, and
@@ -468,6 +470,21 @@ def _as_policy(policy_fn_or_list: Union[PolicyFn, Collection[Op]]) -> Tuple[Opti
     )
 
 
+def _coercing(policy_fn: PolicyFn) -> PolicyFn:
+    """``policy_fn`` with its results checked as in eager mode, for torch's own contexts.
+
+    Under tracing torch's caching mode tags each node with what the policy
+    returned: a numpy bool would silently mean "recompute" there, and a
+    ``None`` would surface from the partitioner, not from the policy.
+    """
+
+    @functools.wraps(policy_fn)
+    def checked(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return _coerce_policy(policy_fn(ctx, func, *args, **kwargs), func)
+
+    return checked
+
+
 def create_selective_checkpoint_contexts(
     policy_fn_or_list: Union[PolicyFn, Collection[Op]],
     allow_cache_entry_mutation: bool = False,
@@ -518,7 +535,7 @@ def create_selective_checkpoint_contexts(
     if _semantics.is_tracing_for_compile():
         # See Note [SAC under torch.compile] in the module docstring.
         return _torch_checkpoint.create_selective_checkpoint_contexts(
-            policy_fn if policy_fn is not None else list(saved_ops),
+            _coercing(policy_fn) if policy_fn is not None else list(saved_ops),
             allow_cache_entry_mutation,
         )
     state = _C._sac_new_state(

@@ -199,3 +199,32 @@ def test_effects_probe_sees_eager_torch_under_tracing_modes(mode: str) -> None:
     with FakeTensorMode() if mode == "fake" else FunctionalTensorMode():
         traced = semantics.policies_overridden_for_effects.__wrapped__()
     assert traced == eager
+
+
+# --- a policy's result is checked under compile as in eager mode -------------------
+
+
+def test_numpy_bool_policy_under_compile_saves_what_the_enum_policy_saves():
+    np = pytest.importorskip("numpy")
+
+    def numpy_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return np.bool_(op is aten.mm.default)
+
+    counts, got = partitioned(lambda *a: checkpoint(block, *a, policy=numpy_policy))
+    expected_counts, _ = partitioned(lambda *a: checkpoint(block, *a, policy=save_mm))
+    assert counts == expected_counts
+    for a, e in zip(got, eager_grads()):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+def test_bad_policy_under_compile_names_the_op_and_the_value():
+    def bad_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    with pytest.raises(Exception) as info:
+        partitioned(lambda *a: checkpoint(block, *a, policy=bad_policy))
+    # torch.compile wraps what the backend raised; the message is kept.
+    assert (
+        "CheckpointPolicyError: aliasguard.checkpoint: the policy function returned None (of type NoneType) "
+        "for aten.mm.default" in str(info.value)
+    )
