@@ -70,9 +70,9 @@ _NON_SAVING_POLICIES = (
 
 
 # Private torch accessor, kept here until it moves to _torch_internals.py
-# (which holds every private torch API, each with its Note):
-# torch.utils._python_dispatch._disable_current_modes and
-# torch._C._DisableFuncTorch.
+# (which holds every private torch API, each with its Note and self-test):
+# torch._C._DisableFuncTorch, which turns functorch's transforms off for a
+# scope. Upstream: a public "run eagerly" scope that leaves every transform.
 #
 # Note [Probing outside any trace]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -90,9 +90,7 @@ _NON_SAVING_POLICIES = (
 @contextlib.contextmanager
 def _outside_tracing() -> Iterator[None]:
     """Eager dispatch for the probe: no dispatch mode, no functorch transform."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes(), torch._C._DisableFuncTorch():
+    with _internals.disable_current_modes(), torch._C._DisableFuncTorch():
         yield
 
 
