@@ -119,7 +119,7 @@ def _active_features() -> list[str]:
     if getattr(torch, "mark_as_view", None) is aliasguard.mark_as_view:
         features.append("torch.mark_as_view (F3)")
     if aliasguard.is_view_tracking_enabled():
-        features.append("views made in every __torch_dispatch__ are tracked (issue 9)")
+        features.append("views made in every __torch_dispatch__ are tracked")
     features.append("aliasguard.track_views() (F2)")
     for name, label in (
         ("correct_aliasing", "alias correction after __torch_dispatch__ (F4)"),

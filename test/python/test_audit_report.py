@@ -1,4 +1,4 @@
-"""The audit's report mode, the inner-tensor check, its lifetime and what it leaves alone (issues 12 and 8)."""
+"""The audit's report mode, the inner-tensor check, its lifetime and what it leaves alone."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def test_honest_wrappers_pass_the_inner_check():
     assert not report, report.format()
 
 
-# --- lifetime (issue 8) -----------------------------------------------------------
+# --- lifetime -----------------------------------------------------------
 
 
 def test_fallback_is_registered_only_while_auditing_and_the_key_can_be_used_by_others():
@@ -284,7 +284,7 @@ def test_scopes_ending_out_of_order_restore_the_thread():
     assert not _C._is_alias_audit_enabled() and _C._alias_audit_scopes() == 0
 
 
-# --- what the audit leaves alone (issue 8) ----------------------------------------
+# --- what the audit leaves alone ----------------------------------------
 
 
 def test_unsafe_splits_share_memory_by_design():
@@ -364,7 +364,7 @@ def test_c10d_collectives_are_quiet():
         dist.destroy_process_group()
 
 
-# --- kernels: checked only when asked (issue 8) ----------------------------------
+# --- kernels: checked only when asked ----------------------------------
 
 
 @pytest.fixture

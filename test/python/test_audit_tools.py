@@ -1,4 +1,5 @@
-"""The audit as a tool: the pytest plugin (through pytester) and ``python -m aliasguard audit`` (issue 12)."""
+"""The audit as a tool: the pytest plugin (through pytester), ``python -m aliasguard audit``, and the
+command line of ``python -m aliasguard``."""
 
 from __future__ import annotations
 

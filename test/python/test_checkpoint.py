@@ -256,7 +256,7 @@ def test_view_ops_in_policy_are_recomputed_not_cached():
 
 def test_aliasing_stays_correct_under_audit_with_view_policy():
     if not hasattr(aliasguard, "audit"):
-        pytest.skip("aliasguard.audit (issue 3) is not available")
+        pytest.skip("aliasguard.audit is not available")
     inputs = attention_inputs()
     views = [aten.transpose.int, aten.view.default, aten.t.default]
     with aliasguard.audit():
@@ -426,7 +426,7 @@ def test_in_place_op_in_policy_is_recomputed():
     # which autograd ignores (an in-place op returns its argument): the
     # recompute would be wrong, and only the cache's version check stops it.
     # Its caching mode is left alone by aliasguard, so the check still fires,
-    # with automatic view tracking (issue 9) on or off.
+    # with automatic view tracking on or off.
     for tracking in (True, False):
         previous = aliasguard.set_view_tracking(tracking)
         try:
@@ -742,7 +742,7 @@ def test_exported_from_package():
 
 
 # ---------------------------------------------------------------------------
-# Same semantics as the running torch's SAC (issue 7, items 4-5), side by side
+# Same semantics as the running torch's SAC, side by side
 
 
 def recording_policy(log: List[Tuple[Any, bool, str]]) -> Callable[..., CheckpointPolicy]:

@@ -1,4 +1,4 @@
-"""aliasguard.checkpoint under torch.compile (issue 10, item 2).
+"""aliasguard.checkpoint under torch.compile.
 
 Under AOTAutograd tracing the policy becomes a tag on each traced node that
 the partitioner honours (see Note [SAC under torch.compile] in
