@@ -32,6 +32,7 @@ __all__ = [
     "audit_key_set",
     "current_dispatch_modes",
     "disable_current_modes",
+    "disable_functorch",
     "sac_respects_saved_tensors_hooks",
     "tree_flatten",
     "tree_leaves",
@@ -190,11 +191,25 @@ def higher_order_ops() -> List[Any]:
     return list(torch._ops._higher_order_ops.values())
 
 
+# Note [Eager dispatch inside a trace]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Probing what torch's SAC does runs one op eagerly, possibly while
+# torch.compile traces around it: every dispatch mode, infrastructure and
+# pre-dispatch modes included, is stashed for the block
+# (torch.utils._python_dispatch._disable_current_modes), and functorch's
+# layers are switched off (torch._C._DisableFuncTorch). Upstream: a public
+# "run this eagerly" guard, or the "what would SAC do" query of Note
+# [Probing torch's SAC decision].
 def disable_current_modes() -> ContextManager[Any]:
-    """Stash every active dispatch mode for the block (see Note [Probing torch's SAC decision])."""
+    """Stash every active dispatch mode for the block (see Note [Eager dispatch inside a trace])."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
+
+
+def disable_functorch() -> ContextManager[Any]:
+    """Switch functorch's transforms off for the block (see Note [Eager dispatch inside a trace])."""
+    return torch._C._DisableFuncTorch()
 
 
 def audit_key_set() -> Any:
@@ -390,6 +405,15 @@ def _disable_current_modes_holds() -> bool:
     return len(inside) == 1 and stashed == []
 
 
+def _disable_functorch_holds() -> bool:
+    front = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+    before = excluded(front)
+    with disable_functorch():
+        inside = excluded(front)
+    return inside and not before and not excluded(front)
+
+
 def _check_python_internals() -> List[str]:
     problems: List[str] = []
 
@@ -462,6 +486,11 @@ def _check_python_internals() -> List[str]:
         "torch.utils._python_dispatch._disable_current_modes",
         _disable_current_modes_holds,
         "does not stash an active mode for its block",
+    )
+    expect(
+        "torch._C._DisableFuncTorch",
+        _disable_functorch_holds,
+        "does not exclude functorch's dynamic-layer key in its block",
     )
     expect(
         "torch.utils.checkpoint._current_user_saved_tensors_hooks",

@@ -60,6 +60,7 @@ BROKEN = {
     "torch.utils._pytree.tree_flatten": (
         "import torch.utils._pytree as p; p.tree_unflatten = lambda leaves, spec: list(leaves)"
     ),
+    "torch._C._DisableFuncTorch": "import contextlib; torch._C._DisableFuncTorch = contextlib.nullcontext",
     "threading.Thread._bootstrap_inner": "import threading; del threading.Thread._bootstrap_inner",
     # A torch whose checkpoint takes respect_saved_tensors_hooks (2.14 on) but
     # whose user-hooks finder is gone: the option would silently do nothing.
