@@ -16,38 +16,31 @@ op's schema:
   for torch to report, as without aliasguard;
 * returns without alias annotations are left alone.
 
-How the hook is installed: the ``__torch_dispatch__`` found in the class
-``__dict__`` of every existing subclass is replaced by a wrapper of the same
-kind (classmethod, staticmethod or plain method) that calls it and corrects
-its result; ``__init_subclass__`` of ``torch.Tensor`` and ``TorchDispatchMode``
-does the same for classes defined later. A ``__torch_dispatch__`` assigned to
-a class after its creation, or a subclass whose own ``__init_subclass__`` does
-not call ``super().__init_subclass__()``, is not seen.
+How the hook is installed (and uninstalled) is :mod:`aliasguard._install`'s
+business: the ``__torch_dispatch__`` found in the class ``__dict__`` of every
+existing subclass is replaced by a wrapper of the same kind (classmethod,
+staticmethod or plain method) that calls it and corrects its result;
+``__init_subclass__`` of ``torch.Tensor`` and ``TorchDispatchMode`` does the
+same for classes defined later. A ``__torch_dispatch__`` assigned to a class
+after its creation, or a subclass whose own ``__init_subclass__`` does not
+call ``super().__init_subclass__()``, is not seen.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import threading
-import types
-import warnings
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, TypeVar
 
-import torch
-
-from aliasguard import _C
+from aliasguard import _C, _install
+from aliasguard._install import install_on as _install_on  # noqa: F401  (tests use this name)
 from aliasguard._report import AuditReport, user_location
 from aliasguard._torch_internals import (
-    TorchDispatchMode,
-    audit_key_set,
+    OpOverload,
     current_dispatch_modes,
-    disabled_torch_dispatch_impl,
     functorch_transform_active,
-    higher_order_ops,
     is_audit_quiet_infrastructure,
-    is_tracing_infrastructure,
 )
 
 __all__ = [
@@ -67,16 +60,8 @@ AliasingError: type[RuntimeError] = _C.AliasingError
 
 T = TypeVar("T")
 
-# Set to False on a tensor subclass or mode class to leave its results alone.
-_OPT_OUT_ATTRIBUTE = "__aliasguard_fixup__"
-# Our wrappers' attribute holding the wrapped function; marks our hooks too.
-_WRAPPED_MARK = "__aliasguard_wrapped__"
-_HOOK_MARK = "__aliasguard_hook__"
 
-_WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__")
-
-
-def correct_aliasing(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: Optional[dict[str, Any]], out: T) -> T:
+def correct_aliasing(func: OpOverload, args: tuple[Any, ...], kwargs: Optional[dict[str, Any]], out: T) -> T:
     """Correct the aliasing of ``out``, the result of ``func(*args, **kwargs)``.
 
     Same call shape as upstream's
@@ -120,11 +105,20 @@ def is_alias_correction_enabled() -> bool:
     return _C._is_alias_correction_enabled()
 
 
+class _Scope:
+    """One open audit scope: its identity, and its report (None: raise)."""
+
+    __slots__ = ("report",)
+
+    def __init__(self, report: Optional[AuditReport]) -> None:
+        self.report = report
+
+
 class _AuditScopes(threading.local):
-    """This thread's open audit scopes, innermost last: the report of each (or None: raise)."""
+    """This thread's open audit scopes, innermost last."""
 
     def __init__(self) -> None:
-        self.reports: list[Optional[AuditReport]] = []
+        self.stack: List[_Scope] = []
 
 
 _scopes = _AuditScopes()
@@ -132,7 +126,7 @@ _scopes = _AuditScopes()
 # on threads without a scope of their own go (autograd's worker threads run
 # the backward of an audited thread with its dispatch state but not its
 # Python thread-locals).
-_open_reports: list[AuditReport] = []
+_open_reports: List[_Scope] = []
 _open_reports_lock = threading.Lock()
 
 
@@ -148,11 +142,11 @@ def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:
     if _infrastructure_active():
         return True  # see Note [What the audit leaves alone]
     report: Optional[AuditReport]
-    if _scopes.reports:
-        report = _scopes.reports[-1]
+    if _scopes.stack:
+        report = _scopes.stack[-1].report
     else:
         with _open_reports_lock:
-            report = _open_reports[-1] if _open_reports else None
+            report = _open_reports[-1].report if _open_reports else None
     if report is None:
         return False
     if owner is None:  # from the fallback, on plain tensors: the innermost mode, if any, else a kernel
@@ -206,9 +200,15 @@ def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> Ite
             scope with ``kernels=True`` is open, every audited thread checks
             kernels (backward ops may run on autograd's worker threads).
 
+    While any audit is open, on any thread, higher-order operators skip the
+    key the audit borrows (see Note [Higher-order operators under an audit]
+    in ``aliasguard/_install.py``).
+
     Raises:
         RuntimeError: the dispatch key the audit borrows (``DeferredInit``)
-            has a fallback registered by someone else.
+            has a fallback registered by someone else; or
+            :func:`aliasguard.uninstall` was called (no reporter, no
+            correction: call :func:`aliasguard.install` first).
         TypeError: ``report`` is not an :class:`AuditReport`, or
             ``kernels`` is not a bool.
     """
@@ -216,187 +216,73 @@ def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> Ite
         raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type(report).__name__}")
     if not isinstance(kernels, bool):
         raise TypeError(f"audit(): kernels must be a bool, got {type(kernels).__name__}")
+    _install.require_installed("aliasguard.audit()")
+    scope = _Scope(report)
     _C._enter_alias_audit(kernels)
-    _higher_order_ops_fall_through()
-    _scopes.reports.append(report)
+    try:
+        _install.enter_higher_order_op_scope()
+    except BaseException:
+        _C._exit_alias_audit(kernels)
+        raise
+    _scopes.stack.append(scope)
     if report is not None:
         with _open_reports_lock:
-            _open_reports.append(report)
+            _open_reports.append(scope)
     try:
         yield report
     finally:
-        _remove_last(_scopes.reports, report)
+        _remove(_scopes.stack, scope)
         if report is not None:
             with _open_reports_lock:
-                _remove_last(_open_reports, report)
-        _C._exit_alias_audit(kernels)
+                _remove(_open_reports, scope)
+        try:
+            _install.exit_higher_order_op_scope()
+        finally:
+            _C._exit_alias_audit(kernels)
 
 
 class _NewThreadAudit:
-    """The reports that threads started now are audited into (see ``_audit_new_threads``)."""
+    """The scopes whose reports threads started now are audited into (see ``_audit_new_threads``)."""
 
     lock = threading.Lock()
-    reports: list[AuditReport] = []
-    # Captured at import, before anything of ours could have replaced it.
-    original: Any = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+    scopes: List[_Scope] = []
+    # threading.Thread._bootstrap_inner as it is without our patch.
+    original: Any = _install.original_thread_bootstrap()
 
 
-def _audited_bootstrap_inner(thread: threading.Thread) -> None:
+def _audited_bootstrap_inner(thread: threading.Thread, original: Callable[[threading.Thread], None]) -> None:
     with _NewThreadAudit.lock:
-        target = _NewThreadAudit.reports[-1] if _NewThreadAudit.reports else None
-    if target is None:
-        return _NewThreadAudit.original(thread)
+        target = _NewThreadAudit.scopes[-1].report if _NewThreadAudit.scopes else None
+    if target is None or not _install.is_installed():
+        return original(thread)
     with audit(report=target):
-        return _NewThreadAudit.original(thread)
+        return original(thread)
 
 
 @contextlib.contextmanager
 def _audit_new_threads(report: AuditReport) -> Iterator[None]:
     """Threads started (through ``threading.Thread``) inside the block run under ``audit(report=report)``.
 
-    For the pytest plugin and the CLI. Patches ``Thread._bootstrap_inner``, the
-    one place every ``threading.Thread`` passes through, whatever its ``run``;
-    nests (the innermost block's report receives).
+    For the pytest plugin and the CLI. Patches ``Thread._bootstrap_inner``
+    while open (see :func:`aliasguard._install.patch_thread_bootstrap`);
+    nests (the innermost block's report receives); blocks may end in any
+    order.
     """
+    scope = _Scope(report)
+    _install.patch_thread_bootstrap(_audited_bootstrap_inner)
     with _NewThreadAudit.lock:
-        if not _NewThreadAudit.reports:
-            threading.Thread._bootstrap_inner = _audited_bootstrap_inner  # type: ignore[attr-defined]
-        _NewThreadAudit.reports.append(report)
+        _NewThreadAudit.scopes.append(scope)
     try:
         yield
     finally:
         with _NewThreadAudit.lock:
-            _remove_last(_NewThreadAudit.reports, report)
-            if not _NewThreadAudit.reports:
-                threading.Thread._bootstrap_inner = _NewThreadAudit.original  # type: ignore[attr-defined]
+            _remove(_NewThreadAudit.scopes, scope)
+        _install.unpatch_thread_bootstrap()
 
 
-def _higher_order_ops_fall_through() -> None:
-    """Make every higher-order operator (torch.cond, ...) skip the audit's dispatch key.
-
-    Higher-order operators dispatch in Python, on the highest key of their
-    inputs' and the thread's include set, and fail with "could not find
-    kernel" on a key they have no rule for, such as the one the audit includes.
-    The audit has nothing to check on them anyway: the ops they run are
-    dispatched, and audited, one by one.
-    """
-    audit_key = audit_key_set()
-    for op in higher_order_ops():
-        op.non_fallthrough_keys = op.non_fallthrough_keys - audit_key
-
-
-def _remove_last(scopes: list[Any], item: Any) -> None:
+def _remove(scopes: List[_Scope], scope: _Scope) -> None:
+    """Remove ``scope`` itself (by identity) from ``scopes``, wherever it is."""
     for i in range(len(scopes) - 1, -1, -1):
-        if scopes[i] is item:
+        if scopes[i] is scope:
             del scopes[i]
             return
-
-
-# --- automatic installation ------------------------------------------------
-
-
-def _wrap_bound(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrapper for a dispatch called with its owner (cls or self) first.
-
-    A C callable that binds like a function (see Note [The corrected
-    __torch_dispatch__ wrapper] in python_corrected_dispatch.cpp).
-    """
-    wrapper = _C._CorrectedDispatch(fn)
-    functools.update_wrapper(wrapper, fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
-    return wrapper
-
-
-def _wrap_static(fn: Callable[..., Any], owner: type) -> Callable[..., Any]:
-    """Wrapper for a staticmethod dispatch; the opt-out is read on ``owner``."""
-    wrapper = _C._CorrectedDispatch(fn, owner)
-    functools.update_wrapper(wrapper, fn, assigned=_WRAPPER_ASSIGNMENTS, updated=())
-    return wrapper
-
-
-def _corrected_descriptor(cls: type, raw: object) -> Optional[object]:
-    """The replacement for ``cls.__dict__['__torch_dispatch__']``, or None to keep it."""
-    if isinstance(raw, (classmethod, staticmethod)):
-        fn = raw.__func__
-        if hasattr(fn, _WRAPPED_MARK) or fn is disabled_torch_dispatch_impl:
-            return None
-        if isinstance(raw, classmethod):
-            return classmethod(_wrap_bound(fn))
-        return staticmethod(_wrap_static(fn, cls))
-    if isinstance(raw, _C._CorrectedDispatch):
-        return None
-    if isinstance(raw, types.FunctionType):
-        return None if hasattr(raw, _WRAPPED_MARK) else _wrap_bound(raw)
-    if raw is not disabled_torch_dispatch_impl:
-        warnings.warn(
-            f"aliasguard: {cls.__module__}.{cls.__qualname__}.__torch_dispatch__ is a "
-            f"{type(raw).__name__}, not a function, classmethod or staticmethod; its "
-            "results will not be alias-corrected",
-            stacklevel=3,
-        )
-    return None
-
-
-def _install_on(cls: type) -> bool:
-    """Wrap the ``__torch_dispatch__`` defined by ``cls`` itself; True if wrapped."""
-    raw = cls.__dict__.get("__torch_dispatch__")
-    if raw is None or is_tracing_infrastructure(cls):
-        return False
-    replacement = _corrected_descriptor(cls, raw)
-    if replacement is None:
-        return False
-    type.__setattr__(cls, "__torch_dispatch__", replacement)
-    return True
-
-
-def _subclasses(root: type) -> Iterator[type]:
-    seen: set[type] = set()
-    pending = [root]
-    while pending:
-        sub: type
-        for sub in type.__subclasses__(pending.pop()):
-            if sub not in seen:
-                seen.add(sub)
-                pending.append(sub)
-                yield sub
-
-
-def _hook_init_subclass(base: type) -> None:
-    """Make ``base.__init_subclass__`` install the correction on new subclasses."""
-    current = base.__dict__.get("__init_subclass__")
-    if hasattr(getattr(current, "__func__", None), _HOOK_MARK):
-        return
-    if current is not None:
-        previous = current.__func__ if isinstance(current, classmethod) else current
-
-        def call_previous(cls: type, **kwargs: Any) -> None:
-            previous(cls, **kwargs)
-
-    else:
-
-        def call_previous(cls: type, **kwargs: Any) -> None:
-            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
-
-    def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807
-        call_previous(cls, **kwargs)
-        try:
-            _install_on(cls)
-        except Exception as error:  # never make a class definition fail
-            warnings.warn(
-                f"aliasguard: could not install alias correction on {cls.__qualname__}: {error}",
-                stacklevel=2,
-            )
-
-    setattr(__init_subclass__, _HOOK_MARK, True)
-    type.__setattr__(base, "__init_subclass__", classmethod(__init_subclass__))
-
-
-def _install() -> None:
-    """Correct every existing and future tensor subclass and dispatch mode."""
-    for root in (torch.Tensor, TorchDispatchMode):
-        _hook_init_subclass(root)
-        for cls in _subclasses(root):
-            _install_on(cls)
-
-
-_install()
-_C._set_alias_audit_reporter(_on_violation)
