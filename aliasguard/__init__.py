@@ -47,12 +47,13 @@ install()
 
 # Selective checkpointing; imported after install() (its modes are aliasguard's own).
 from aliasguard import checkpoint  # noqa: E402
-from aliasguard.checkpoint import CheckpointMutationError  # noqa: E402
+from aliasguard.checkpoint import CheckpointMutationError, CheckpointPolicyError  # noqa: E402
 
 __all__ = [
     "AliasingError",
     "AuditReport",
     "CheckpointMutationError",
+    "CheckpointPolicyError",
     "__version__",
     "audit",
     "checkpoint",

@@ -4,7 +4,7 @@ First runs the upstream issue's own script, as written: a mode saves
 ``out.view_as(out)`` inside ``__torch_dispatch__``, then the output and the
 saved view are mutated in turn. Stock PyTorch prints ``True False / False
 True`` (each mutation unseen by the other tensor); with aliasguard imported it
-prints ``True True / True True``. Then the reproduction from DESIGN.md with
+prints ``True True / True True``. Then the reproduction from docs/design.md with
 each explicit fix. Exits non-zero if any fixed case fails.
 
 ``python -m aliasguard --help`` lists the commands (``demo``, the default, and

@@ -284,8 +284,9 @@ def uninstall() -> None:
     wrapped ``__torch_dispatch__`` is the original descriptor object again,
     ``__init_subclass__`` of ``torch.Tensor`` and ``TorchDispatchMode`` is
     as it was, ``torch.mark_as_view`` is gone (or what it was before), alias
-    correction is off, the audit has no reporter and ``aten::detach`` has
-    stock torch's kernels. A ``__torch_dispatch__`` or ``__init_subclass__``
+    correction is off, the audit has no reporter, ``aten::detach`` has
+    stock torch's kernels and the kernels that mark views made in tracked
+    bodies are gone. A ``__torch_dispatch__`` or ``__init_subclass__``
     replaced by someone else after install is left as they set it.
     :func:`aliasguard.mark_as_view`, :func:`aliasguard.track_views` and
     :func:`aliasguard.correct_aliasing` keep working; :func:`aliasguard.audit`
@@ -320,6 +321,9 @@ def uninstall() -> None:
         _C._set_alias_audit_reporter(None)
         _C._set_alias_correction(False)
         _C._set_detach_keep_version_counter(False)
+        # Registered on the first tracked body; a later track_views() scope
+        # registers them again.
+        _C._release_tracked_view_kernels()
 
 
 # --- threading.Thread._bootstrap_inner -----------------------------------------

@@ -69,11 +69,6 @@ _NON_SAVING_POLICIES = (
 )
 
 
-# Private torch accessor, kept here until it moves to _torch_internals.py
-# (which holds every private torch API, each with its Note and self-test):
-# torch._C._DisableFuncTorch, which turns functorch's transforms off for a
-# scope. Upstream: a public "run eagerly" scope that leaves every transform.
-#
 # Note [Probing outside any trace]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The probe runs once per process, on the first selective checkpoint, and
@@ -90,7 +85,7 @@ _NON_SAVING_POLICIES = (
 @contextlib.contextmanager
 def _outside_tracing() -> Iterator[None]:
     """Eager dispatch for the probe: no dispatch mode, no functorch transform."""
-    with _internals.disable_current_modes(), torch._C._DisableFuncTorch():
+    with _internals.disable_current_modes(), _internals.disable_functorch():
         yield
 
 

@@ -92,15 +92,20 @@ from typing import (
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
-from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from aliasguard import _C
 from aliasguard import _torch_sac_semantics as _semantics
+from aliasguard import _install
 from aliasguard._torch_internals import (
+    HigherOrderOperator,
+    OpOverload,
+    OpOverloadPacket,
     TorchDispatchMode,
     checkpoint_error_type,
+    tree_flatten,
+    tree_map,
+    tree_unflatten,
     sac_ignored_ops,
     top_saved_tensors_hooks,
 )
@@ -531,6 +536,8 @@ def create_selective_checkpoint_contexts(
     :class:`CheckpointMutationError` when a cached tensor was modified after
     the forward pass.
     """
+    # It relies on detach keeping the counter, which uninstall() takes back.
+    _install.require_installed("aliasguard.checkpoint")
     policy_fn, saved_ops = _as_policy(policy_fn_or_list)
     if _semantics.is_tracing_for_compile():
         # See Note [SAC under torch.compile] in the module docstring.
@@ -597,6 +604,8 @@ def checkpoint(
             message (raised from the op, in the forward pass; a
             ``ValueError``, so it also surfaces from ``@``, ``*``, ``+``).
     """
+    # It relies on detach keeping the counter, which uninstall() takes back.
+    _install.require_installed("aliasguard.checkpoint")
     if kwargs.pop("use_reentrant", False):
         raise ValueError(
             "aliasguard.checkpoint.checkpoint: use_reentrant=True is not "

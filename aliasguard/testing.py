@@ -10,9 +10,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves, tree_map
 
-from aliasguard._torch_internals import TorchDispatchMode
+from aliasguard._torch_internals import TorchDispatchMode, tree_leaves, tree_map
 
 __all__ = ["WrapperTensor", "InnerTensor", "StorageTracker"]
 

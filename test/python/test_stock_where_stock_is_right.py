@@ -337,6 +337,12 @@ assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", ke
 _C._release_tracked_view_kernels()
 assert not _C._has_tracked_view_kernels()
 assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::view", key)
+with M():
+    x.view(2, 2)
+assert _C._has_tracked_view_kernels()
+aliasguard.uninstall()
+assert not _C._has_tracked_view_kernels()
+assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::view", key)
 print("ok")
 """
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)

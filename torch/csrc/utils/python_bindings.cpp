@@ -171,6 +171,9 @@ PYBIND11_MODULE(_C, m) {
       &autograd::restore_view_tracking,
       py::arg("was_excluded"));
   m.def("_is_view_tracking_enabled", &autograd::is_view_tracking_enabled);
+  m.def("_has_tracked_view_kernels", &autograd::has_tracked_view_kernels);
+  m.def(
+      "_release_tracked_view_kernels", &autograd::release_tracked_view_kernels);
 
   m.def("_torch_internals_self_test", &utils::torch_internals_self_test);
   internals::init_install_bindings(m);
