@@ -137,6 +137,46 @@ def dtensor_training():
         return {"out": _plain(out), "grad": _plain(dw.grad), "w": _plain(dw)}
 
 
+def dtensor_tensor_parallel_attention():
+    """Attention with a fused qkv projection sharded by heads, split into q, k, v on DTensor."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    own_group = not dist.is_initialized()
+    ctx = gloo_world_of_one() if own_group else contextlib.nullcontext()
+    with ctx:
+        mesh = init_device_mesh("cpu", (1,))
+        torch.manual_seed(0)
+        x = distribute_tensor(torch.randn(2, 5, 8), mesh, [Replicate()])
+        w_qkv = torch.nn.Parameter(distribute_tensor(torch.randn(24, 8), mesh, [Shard(0)]))
+        w_out = torch.nn.Parameter(distribute_tensor(torch.randn(8, 8), mesh, [Shard(1)]))
+        q, k, v = torch.nn.functional.linear(x, w_qkv).chunk(3, dim=-1)
+        heads = [h.softmax(-1) for h in (q @ k.transpose(-2, -1)).unbind(0)]
+        attn = torch.stack(heads) @ v
+        out = torch.nn.functional.linear(torch.cat(attn.split(4, dim=-1), dim=-1), w_out)
+        out.sum().backward()
+        return {"out": _plain(out), "grad_qkv": _plain(w_qkv.grad), "grad_out": _plain(w_out.grad)}
+
+
+def torchao_optimizer_state_slices():
+    """Slices of torchao's quantized optimizer states (what dcp.load does when re-sharding)."""
+    warnings.filterwarnings("ignore")
+    from torchao.optim.subclass_4bit import OptimState4bit
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    torch.manual_seed(0)
+    out = {}
+    for cls in (OptimState4bit, OptimState8bit):
+        state = cls.zeros((256, 256))
+        state.copy_(torch.randn(256, 256))
+        part = state[128:256]
+        part.copy_(torch.randn(128, 256))  # written through the slice, into the state
+        out[cls.__name__] = state.dequantize()
+        out[cls.__name__ + "_part"] = part.dequantize()
+    return out
+
+
 def torchao_int8_inference():
     warnings.filterwarnings("ignore")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
@@ -155,7 +195,9 @@ WORKLOADS = {
     "logging_tensor": logging_tensor_training,
     "nested_jagged": nested_jagged_training,
     "dtensor": dtensor_training,
+    "dtensor_tp_attention": dtensor_tensor_parallel_attention,
     "torchao_int8": torchao_int8_inference,
+    "torchao_optim_state": torchao_optimizer_state_slices,
 }
 
 

@@ -1,7 +1,7 @@
-"""Issue 8's remaining "worse than stock" cases, one test each.
+"""Cases where aliasguard was worse than stock, one test each.
 
 Stock PyTorch runs each of these; with aliasguard imported (or inside
-``audit()``) they failed before the fixes of issue 8. A case still open is
+``audit()``) they once failed. A case still open is
 ``xfail(strict=True)`` with the case in its reason, so its fix turns it into a
 failure and removes the marker. The upstream tests that found them are named
 where there is one (``tools/run_upstream_suites.py``).
@@ -120,7 +120,7 @@ def test_audit_under_dynamic_shapes():
 
 
 def test_audit_quiet_under_functionalize():
-    # Listed in issue 8 among the false alarms; passes on this build.
+    # Once a false alarm: functionalize's tensors alias one level down.
     f = torch.func.functionalize(lambda t: t.view(-1).add_(1))
     with aliasguard.audit():
         got = f(torch.zeros(2, 2))
