@@ -80,6 +80,9 @@ TEST(AliasAuditInnerTensors, PrivateCopyIsReportedOnlyOnceWritten) {
   const std::vector<InnerTensorLeaf> slice = state.slice_leaves();
   aliasguard::utils::audit_inner_view(
       slice_site(), state.wrapper, slice, state.leaves());
+  // Checked twice (before and after a judge, say): watched once.
+  aliasguard::utils::audit_inner_view(
+      slice_site(), state.wrapper, slice, state.leaves());
   EXPECT_EQ(aliasguard::utils::watched_inner_copies(), 1u);
   state.codes.add_(1); // shared with the slice: no divergence
   aliasguard::utils::report_diverged_inner_copies();

@@ -58,6 +58,14 @@ def test_tensor_parallel_attention_on_dtensor_equals_the_run_without_audit():
         assert q.shape == k.shape == v.shape == (2, 5, 8)
 
 
+def _dispatch(cls, func, types, args=(), kwargs=None):
+    args, kwargs = tree_map_only(Bypassed, lambda t: t.elem, (args, kwargs or {}))
+    out = func(*args, **kwargs)
+    if cls.copy_views and func is aten.split.Tensor:
+        out = [t.clone() for t in out]
+    return tree_map_only(torch.Tensor, cls, out)
+
+
 class Bypassed(torch.Tensor):
     """A traceable wrapper whose ``__torch_dispatch__`` is assigned after the class was made, so
     aliasguard does not wrap it (as torch bypasses DTensor's): results reach the audit uncorrected,
@@ -90,14 +98,6 @@ class OpaqueBypassed(Bypassed):
     __tensor_flatten__ = None  # type: ignore[assignment]
 
 
-def _dispatch(cls, func, types, args=(), kwargs=None):
-    args, kwargs = tree_map_only(Bypassed, lambda t: t.elem, (args, kwargs or {}))
-    out = func(*args, **kwargs)
-    if cls.copy_views and func is aten.split.Tensor:
-        out = [t.clone() for t in out]
-    return tree_map_only(torch.Tensor, cls, out)
-
-
 for _cls in (Bypassed, CopyingBypassed, OpaqueBypassed):
     _cls.__torch_dispatch__ = classmethod(_dispatch)  # type: ignore[assignment]
 
@@ -124,3 +124,4 @@ def test_uncorrected_views_that_cannot_be_seen_into_are_reported_by_storage():
         with aliasguard.audit():
             OpaqueBypassed(torch.randn(6)).split(2)
     assert info.value.kind == "view_storage"
+

@@ -427,7 +427,7 @@ void audit_inner_view(
       if (!watchable) {
         throw;
       }
-      watch_inner_copy(error, input, std::move(counters));
+      watch_inner_copy(error, input, copy->tensor, std::move(counters));
     }
   }
 }

@@ -84,12 +84,14 @@ ALIASGUARD_API void audit_inner_view(
 
 // Copies watched on this thread (see above).
 ALIASGUARD_API size_t watched_inner_copies();
-// Watches a copy: `error` is reported once one of `counters` has moved from
+// Watches `copy`: `error` is reported once one of `counters` has moved from
 // the version it has now, blamed on the class of the wrapper `input` if it
-// still lives. Called by audit_inner_view.
+// still lives. A copy already watched for the same return is not watched
+// twice. Called by audit_inner_view.
 void watch_inner_copy(
     AliasingError error,
     const at::Tensor& input,
+    const at::Tensor& copy,
     std::vector<c10::VariableVersion> counters);
 // Reports, through the audit's reporter, each watched copy whose counters
 // moved since it was watched, and forgets it; throws (AliasingError, or the
@@ -99,21 +101,24 @@ ALIASGUARD_API void report_diverged_inner_copies();
 
 // Note [Wrapper views judged by their inner tensors]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The audit fallback sees results that no alias correction touched: those of
-// a __torch_dispatch__ that torch itself bypasses (DTensor is dispatched by
-// torch's C++ fast path, which gives a single view return its input's
-// storage but leaves each wrapper of a list return - split, chunk, unbind -
-// its own placeholder), or of a class that opted out of correction. A
-// placeholder storage holds no data: whether a write through such a view
-// reaches the input is decided by the inner tensors, and whether autograd and
-// caches see it by the version counter, which the audit checks on its own.
-// So when a view return is a wrapper whose placeholder storage is not its
-// wrapper input's, the fallback asks the judge (set by the Python bindings,
-// which can flatten traceable wrappers) to check the pair by their inner
-// tensors (Note [Inner tensors of traceable wrappers]) instead; only a pair
-// the judge cannot see into (not traceable) is reported as view_storage.
-// The judge returns whether it judged the pair; it throws what
-// audit_inner_view throws.
+// The audit fallback sees results that no alias correction touched, when
+// torch bypasses the __torch_dispatch__ that aliasguard wraps: DTensor is
+// dispatched by torch's C++ fast path, which gives a single view return its
+// input's storage but leaves each wrapper of a list return (split, chunk,
+// unbind) a placeholder of its own. The fallback sits above autograd, so such
+// a view already shares its input's version counter (the audit checks that);
+// a placeholder storage holds no data, so whether a write through the view
+// reaches the input is decided by the inner tensors. When a view return is a
+// wrapper whose placeholder storage is not its wrapper input's, the fallback
+// therefore asks the judge (set by the Python bindings, which can flatten
+// traceable wrappers) to check the pair by their inner tensors (Note [Inner
+// tensors of traceable wrappers]); only a pair the judge cannot see into (not
+// traceable) is reported as view_storage. The check of a __torch_dispatch__
+// result (below autograd) does not judge: there a wrapper view with a
+// placeholder of its own also has a counter of its own, which correction
+// repairs, and a class that opted out of correction is reported for it. The
+// judge returns whether it judged the pair; it throws what audit_inner_view
+// throws.
 using WrapperViewJudge = bool (*)(
     const AliasSite& site,
     const at::Tensor& input,

@@ -133,6 +133,9 @@ struct WatchedCopy {
   AliasingError error;
   // Weak: a watch must not keep a wrapper (and its inner data) alive.
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> input;
+  // Held weakly, for identity only: a weak reference keeps the address from
+  // being reused.
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> copy;
   std::vector<c10::VariableVersion> counters;
   std::vector<uint32_t> versions;
 
@@ -254,6 +257,7 @@ bool reported_violation_since(
 void watch_inner_copy(
     AliasingError error,
     const at::Tensor& input,
+    const at::Tensor& copy,
     std::vector<c10::VariableVersion> counters) {
   if (audit_depth == 0) {
     // A thread auditing for another (autograd's workers) has no scope that
@@ -268,6 +272,13 @@ void watch_inner_copy(
             [](const WatchedCopy& copy) { return copy.orphaned(); }),
         watched_copies.end());
   }
+  for (const WatchedCopy& watched : watched_copies) {
+    if (watched.copy._unsafe_get_target() == copy.unsafeGetTensorImpl() &&
+        watched.error.op() == error.op() &&
+        watched.error.return_index() == error.return_index()) {
+      return;
+    }
+  }
   std::vector<uint32_t> versions;
   versions.reserve(counters.size());
   for (const c10::VariableVersion& counter : counters) {
@@ -277,6 +288,8 @@ void watch_inner_copy(
       std::move(error),
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
           input.getIntrusivePtr()),
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+          copy.getIntrusivePtr()),
       std::move(counters),
       std::move(versions)});
 }
