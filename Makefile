@@ -15,7 +15,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(VENV_ABS)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: setup build demo test test-cpp test-python lint bench test-torch clean sanitize
+.PHONY: setup build demo test test-cpp test-python lint bench test-torch clean sanitize test-differential
 
 setup: $(VENV)/.ready
 
@@ -68,6 +68,13 @@ lint: setup
 	$(PY) -m mypy
 
 test: lint test-cpp sanitize test-python
+
+# The differential harness over every scenario (docs/differential.md): each runs
+# in a stock process and in one that imports aliasguard, and every difference
+# must be intended. One worker pair (two processes); about 15 minutes on 2 cores.
+# `make test` runs a bounded sample of it (test/python/test_differential.py).
+test-differential: build
+	$(PY) test/differential/run.py --jobs 1 --progress --json $(BUILD)/differential.json
 
 bench: setup
 	tools/check_system_deps.sh bench

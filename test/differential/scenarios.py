@@ -1,0 +1,646 @@
+"""The scenario registry: every scenario the harness can run, by family.
+
+A scenario is a function ``fn(ctx) -> dict`` that builds its inputs from a fixed
+seed, runs, and returns a JSON-able record of what it observed. Both workers
+build the same registry; only the aliasguard worker has ``ctx.aliasguard``.
+Nothing in this module imports aliasguard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from differential import observe as ob
+
+FAMILIES = ("opdb", "njt", "dtensor", "trace", "compile", "torchao")
+
+
+@dataclass
+class Scenario:
+    id: str
+    family: str
+    fn: Callable[["Context"], dict]
+    full_only: bool = False  # left out of samples (slow: inductor)
+    timeout: float = 60.0
+
+
+class Context:
+    """What a scenario may know about its side."""
+
+    def __init__(self, side: str, aliasguard_module: Any, scenario_id: str):
+        self.side = side
+        self.ag = aliasguard_module
+        self.scenario_id = scenario_id
+        self.inject = _injection(side, scenario_id)
+
+    def audit(self) -> Any:
+        """aliasguard.audit() on the aliasguard side; nothing on the stock side (it has no audit)."""
+        return self.ag.audit() if self.ag is not None else contextlib.nullcontext()
+
+    def perturb(self, outs: list[torch.Tensor]) -> None:
+        """Self-test hook: make the aliasguard side differ on purpose (ALIASGUARD_DIFF_INJECT)."""
+        if self.inject is None:
+            return
+        if self.inject == "raise":
+            raise RuntimeError("injected difference")
+        plain = [t for t in outs if type(t) is torch.Tensor and t.is_floating_point() and t.numel() > 0]
+        if not plain:
+            return
+        with torch.no_grad():
+            if self.inject == "value":
+                plain[0].data.add_(1)  # through .data: the value changes, the version does not
+            elif self.inject == "version":
+                plain[0].add_(0)  # the version changes, the value does not
+
+
+def _injection(side: str, scenario_id: str) -> str | None:
+    # ALIASGUARD_DIFF_INJECT="<regex>=<value|version|raise>[;...]", applied on the aliasguard side only.
+    spec = os.environ.get("ALIASGUARD_DIFF_INJECT")
+    if not spec or side != "aliasguard":
+        return None
+    for item in spec.split(";"):
+        pattern, _, kind = item.rpartition("=")
+        if pattern and re.search(pattern, scenario_id):
+            return kind
+    return None
+
+
+# --- helpers shared by the families ----------------------------------------------------
+
+
+def backward_record(outs: list[torch.Tensor], leaves: list[tuple[str, torch.Tensor]]) -> Any:
+    """Gradients of the sum of every floating output that requires grad, w.r.t. the leaves that do."""
+    diff_outs = [o for o in outs if ob.safe(lambda o=o: o.requires_grad and o.is_floating_point()) is True]
+    wrt = [(n, t) for n, t in leaves if t.requires_grad and t.is_leaf]
+    if not diff_outs or not wrt:
+        return {"skipped": "nothing differentiable"}
+    try:
+        loss = sum(o.sum() for o in diff_outs)
+        grads = torch.autograd.grad(loss, [t for _, t in wrt], allow_unused=True)
+    except Exception as e:
+        return ob.exc_record(e)
+    return {n: (None if g is None else {"type": type(g).__name__, "value": ob.safe(lambda g=g: ob.value(g))})
+            for (n, _), g in zip(wrt, grads)}
+
+
+def call(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    try:
+        return fn(), None
+    except Exception as e:
+        return None, ob.exc_record(e)
+
+
+# --- family 1: op_db through modes and wrapper subclasses -----------------------------
+
+
+class PassMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _alias_of_self(func: Any) -> bool:
+    rets = func._schema.returns
+    info = rets[0].alias_info if rets else None
+    return info is not None and not info.is_write
+
+
+class DataMode(TorchDispatchMode):
+    """Answers view ops on ``args[0].data`` (a pattern found in real modes)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _alias_of_self(func) and args and isinstance(args[0], torch.Tensor):
+            return func(args[0].data, *args[1:], **kwargs)
+        return func(*args, **kwargs)
+
+
+class SavingMode(TorchDispatchMode):
+    """Keeps every output and a ``view_as`` of it, as selective checkpointing keeps activations.
+
+    Records, inside ``__torch_dispatch__``, what each output looks like there."""
+
+    MAX_CALLS = 12
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[dict] = []
+        self.saved: list[torch.Tensor] = []
+        self.saved_ops: list[str] = []  # the op whose output each saved entry is (or "view_as" of it)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = ob.named("in", (args, kwargs))
+        outs = ob.flat_tensors(out)
+        pool = {id(t): n for n, t in ins}
+        if len(self.calls) < self.MAX_CALLS:
+            self.calls.append({
+                "op": str(func),
+                "view_op": any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns),
+                "outs": [{k: ob.tensor(o, pool, with_value=False)[k] for k in ("is_view", "base", "version")}
+                         for o in outs],
+                "in_versions": [ob.safe(lambda t=t: t._version) for _, t in ins],
+            })
+        for o in outs:
+            if len(self.saved) < 16:
+                self.saved.append(o)
+                self.saved.append(ob.safe(lambda o=o: o.view_as(o)))
+                self.saved_ops += [str(func), "view_as"]
+        return out
+
+
+class Wrapper(torch.Tensor):
+    """A minimal wrapper subclass, written the way many are: rewrap every output, ignore aliasing."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, requires_grad: bool = False):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
+            dtype=elem.dtype, device=elem.device, requires_grad=requires_grad)
+
+    def __init__(self, elem: torch.Tensor, requires_grad: bool = False):
+        self.elem = elem
+
+    def __repr__(self) -> str:
+        return f"Wrapper({self.elem!r})"
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Wrapper(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(x):
+            return x.elem if isinstance(x, Wrapper) else x
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        return tree_map(lambda x: Wrapper(x) if type(x) is torch.Tensor else x, out)
+
+
+def _wrap_args(obj: Any, how: str) -> Any:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def conv(x):
+        if type(x) is not torch.Tensor or not x.is_floating_point() or x.layout != torch.strided:
+            return x
+        a = x.detach()
+        if how == "twotensor":
+            w = TwoTensor(a, a.clone())
+        else:
+            w = Wrapper(a)
+        return w.requires_grad_(x.requires_grad) if x.is_leaf else w
+
+    return tree_map(conv, obj)
+
+
+_OPDB: dict[str, Any] | None = None
+
+
+def opdb() -> dict[str, Any]:
+    global _OPDB
+    if _OPDB is None:
+        from torch.testing._internal.common_methods_invocations import op_db
+
+        _OPDB = {}
+        for op in op_db:
+            if torch.float32 not in op.dtypes:
+                continue
+            name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+            _OPDB[name] = op
+    return _OPDB
+
+
+# Ops whose outputs hold uninitialised memory or are otherwise not reproducible: compare metadata only.
+NO_VALUES = re.compile(r"empty|new_empty|^nn\.functional\.dropout|^bernoulli|^multinomial|^normal|^uniform|"
+                       r"^rand|^cauchy|^exponential|^geometric|^log_normal|^nn\.functional\.rrelu|"
+                       r"^nn\.functional\.feature_alpha_dropout|^nn\.functional\.alpha_dropout")
+OPDB_MODES = ("pass", "saving", "datamode", "twotensor", "wrapper")
+
+
+def _sample(op: Any, index: int) -> Any:
+    torch.manual_seed(0)
+    samples = op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd)
+    return next(itertools.islice(samples, index, None), None)
+
+
+def _plain_shapes(op: Any, index: int) -> Any:
+    """Output shapes of the op on plain tensors: what a wrapper's outputs should look like."""
+    sample = _sample(op, index)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        out, err = call(lambda: op(sample.input, *sample.args, **sample.kwargs))
+    return err or [list(t.shape) for t in ob.flat_tensors(out)]
+
+
+def run_opdb(ctx: Context, opname: str, mode: str, index: int) -> dict:
+    op = opdb()[opname]
+    sample = _sample(op, index)
+    if sample is None:
+        return {"skipped": "no such sample"}
+    inp, args, kwargs = sample.input, sample.args, sample.kwargs
+    if mode in ("twotensor", "wrapper"):
+        inp, args, kwargs = _wrap_args((inp, args, kwargs), mode)
+    with_values = not NO_VALUES.search(opname)
+    leaves = ob.named("arg", (inp, args, kwargs))
+    pool = {id(t): n for n, t in leaves}
+    rec: dict[str, Any] = {}
+    m: Any = {"pass": PassMode, "saving": SavingMode, "datamode": DataMode}.get(mode, contextlib.nullcontext)()
+    torch.manual_seed(1)
+    with m:
+        out, err = call(lambda: op(inp, *args, **kwargs))
+    if err is not None:
+        rec["call"] = err
+        rec["args"] = ob.tensors(leaves, pool, with_values)
+        return rec
+    outs = ob.named("out", out)
+    ctx.perturb([t for _, t in outs])
+    pool.update({id(t): n for n, t in outs})
+    rec["out_nontensor"] = ob.non_tensor(out)
+    rec["outs"] = ob.tensors(outs, pool, with_values)
+    rec["args"] = ob.tensors(leaves, pool, with_values)
+    if isinstance(m, SavingMode):
+        rec["inside"] = m.calls
+        saved = [(f"saved{i}", t) for i, t in enumerate(m.saved) if isinstance(t, torch.Tensor)]
+        pool.update({id(t): n for n, t in saved})
+        rec["saved"] = ob.tensors(saved, pool, with_value=False)
+        rec["saved_ops"] = m.saved_ops
+        # The view kept of the first output: what does backward through it do?
+        if len(saved) > 1:
+            v = saved[1][1]
+            wrt = [t for _, t in leaves if t.requires_grad and t.is_leaf]
+            if wrt and v.is_floating_point():
+                g, e = call(lambda: torch.autograd.grad(v.sum(), wrt, allow_unused=True, retain_graph=True))
+                rec["saved_view_backward"] = e or [None if x is None else ob.safe(lambda x=x: ob.value(x)) for x in g]
+    rec["backward"] = backward_record([t for _, t in outs], leaves)
+    if mode in ("twotensor", "wrapper"):
+        rec["plain_shapes"] = _plain_shapes(op, index)
+    if isinstance(m, SavingMode):
+        # Write each output (no autograd), then look at the saved tensors' versions again.
+        for _, t in outs:
+            with torch.no_grad():
+                call(lambda t=t: t.add_(1) if t.is_floating_point() else None)
+        rec["saved_versions_after_write"] = {n: ob.safe(lambda t=t: t._version) for n, t in saved}
+    return rec
+
+
+def opdb_scenarios() -> list[Scenario]:
+    out = []
+    for name in opdb():
+        for mode in OPDB_MODES:
+            indices = (0, 1) if mode == "pass" else (0,)
+            for i in indices:
+                out.append(Scenario(f"opdb/{mode}/{name}/{i}", "opdb",
+                                    lambda ctx, name=name, mode=mode, i=i: run_opdb(ctx, name, mode, i)))
+    return out
+
+
+# --- compile helper --------------------------------------------------------------------
+
+
+def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grads: bool = True) -> dict:
+    """Run ``torch.compile(fn)`` on each input tuple; results, gradients and dynamo's counts."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = [0]
+
+    def counting(gm, example_inputs):
+        graphs[0] += 1
+        return lookup_backend(backend)(gm, example_inputs)
+
+    cf = torch.compile(fn, backend=counting)
+    rec: dict[str, Any] = {"calls": []}
+    for args in inputs:
+        leaves = ob.named("arg", args)
+        pool = {id(t): n for n, t in leaves}
+        out, err = call(lambda args=args: cf(*args))
+        c: dict[str, Any] = {}
+        if err is not None:
+            c["call"] = err
+        else:
+            outs = ob.named("out", out)
+            ctx.perturb([t for _, t in outs])
+            pool.update({id(t): n for n, t in outs})
+            c["outs"] = ob.tensors(outs, pool)
+            c["args"] = ob.tensors(leaves, pool)
+            if grads:
+                c["backward"] = backward_record([t for _, t in outs], leaves)
+        c["graphs"] = graphs[0]
+        rec["calls"].append(c)
+    rec["graph_breaks"] = sum(counters["graph_break"].values())
+    rec["unique_graphs"] = counters["stats"]["unique_graphs"]
+    rec["frames_ok"] = counters["frames"]["ok"]
+    torch._dynamo.reset()
+    return rec
+
+
+# --- family 2: nested jagged tensors -----------------------------------------------------
+
+
+def _njt(requires_grad: bool = True) -> torch.Tensor:
+    torch.manual_seed(0)
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    return torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=requires_grad)
+
+
+def _njt_inplace(t):
+    y = t.clone()
+    y.mul_(2)
+    return y
+
+
+NJT_OPS: dict[str, Callable] = {
+    "sin": lambda t: t.sin(),
+    "sin_mul2": lambda t: t.sin() * 2,
+    "clone": lambda t: t.clone(),
+    "narrow": lambda t: t.narrow(-1, 0, 2),
+    "select": lambda t: t.select(0, 1),
+    "unbind": lambda t: t.unbind(),
+    "chunk": lambda t: t.chunk(2, dim=-1),
+    "transpose": lambda t: t.transpose(1, 2),
+    "matmul": lambda t: t @ torch.ones(3, 5),
+    "sum": lambda t: t.sum(dim=-1),
+    "detach": lambda t: t.detach(),
+    "values": lambda t: t.values(),
+    "inplace_mul": _njt_inplace,
+}
+NJT_VARIANTS = ("eager", "audit", "fake", "compile_eager", "compile_aot_eager")
+
+
+def run_njt(ctx: Context, opname: str, variant: str) -> dict:
+    fn = NJT_OPS[opname]
+    if variant.startswith("compile_"):
+        backend = variant[len("compile_"):]
+        return compiled(ctx, fn, [(_njt(),), (_njt(),)], backend)
+    if variant == "fake":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        nt = _njt()
+        with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+            fake, err = call(lambda: mode.from_tensor(nt))
+            if err is not None:
+                return {"from_tensor": err}
+            out, err = call(lambda: fn(fake))
+            if err is not None:
+                return {"call": err}
+            outs = ob.named("out", out)
+            return {"outs": ob.tensors(outs, {id(fake): "arg0"}, with_value=False)}
+    nt = _njt()
+    leaves = [("arg0", nt)]
+    pool = {id(nt): "arg0"}
+    with ctx.audit() if variant == "audit" else contextlib.nullcontext():
+        out, err = call(lambda: fn(nt))
+        if err is not None:
+            return {"call": err}
+        outs = ob.named("out", out)
+        ctx.perturb([t for _, t in outs])
+        pool.update({id(t): n for n, t in outs})
+        rec = {"outs": ob.tensors(outs, pool), "args": ob.tensors(leaves, pool)}
+        rec["backward"] = backward_record([t for _, t in outs], leaves)
+    return rec
+
+
+def njt_scenarios() -> list[Scenario]:
+    return [Scenario(f"njt/{v}/{op}", "njt", lambda ctx, op=op, v=v: run_njt(ctx, op, v), timeout=120)
+            for op in NJT_OPS for v in NJT_VARIANTS]
+
+
+# --- family 3: DTensor on gloo, world size 1 ---------------------------------------------
+
+_MESH: Any = None
+
+
+def _mesh() -> Any:
+    global _MESH
+    if _MESH is None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        _MESH = init_device_mesh("cpu", (1,))
+    return _MESH
+
+
+DTENSOR_OPS: dict[str, Callable] = {
+    "chunk": lambda t: t.chunk(2),
+    "split": lambda t: t.split(2),
+    "unbind": lambda t: t.unbind(0),
+    "sin": lambda t: t.sin(),
+    "view": lambda t: t.view(-1),
+    "transpose": lambda t: t.transpose(0, 1),
+    "narrow": lambda t: t.narrow(1, 1, 3),
+    "detach": lambda t: t.detach(),
+    "matmul": lambda t: t @ t.t(),
+    "sum": lambda t: t.sum(),
+    "inplace_add": lambda t: t.clone().add_(1),
+    "view_then_inplace": lambda t: _view_then_inplace(t),
+}
+
+
+def _view_then_inplace(t):
+    y = t.clone()
+    v = y[0]
+    v.mul_(3)
+    return y, v
+
+
+DTENSOR_VARIANTS = ("eager", "audit", "pass")
+PLACEMENTS = ("shard0", "replicate")
+
+
+def run_dtensor(ctx: Context, opname: str, variant: str, placement: str) -> dict:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = _mesh()
+    torch.manual_seed(0)
+    base = torch.randn(4, 6)
+    dt = distribute_tensor(base, mesh, [Shard(0) if placement == "shard0" else Replicate()]).requires_grad_()
+    leaves = [("arg0", dt)]
+    pool = {id(dt): "arg0"}
+    cm = {"audit": ctx.audit, "pass": PassMode}.get(variant, contextlib.nullcontext)()
+    with cm:
+        out, err = call(lambda: DTENSOR_OPS[opname](dt))
+        if err is not None:
+            return {"call": err}
+        outs = ob.named("out", out)
+        ctx.perturb([t for _, t in outs])
+        pool.update({id(t): n for n, t in outs})
+        rec = {"outs": ob.tensors(outs, pool), "args": ob.tensors(leaves, pool)}
+        rec["placements"] = [ob.safe(lambda t=t: str(t.placements)) for _, t in outs]
+        rec["backward"] = backward_record([t for _, t in outs], leaves)
+    return rec
+
+
+def dtensor_scenarios() -> list[Scenario]:
+    return [Scenario(f"dtensor/{v}/{op}/{p}", "dtensor", lambda ctx, op=op, v=v, p=p: run_dtensor(ctx, op, v, p))
+            for op in DTENSOR_OPS for v in DTENSOR_VARIANTS for p in PLACEMENTS]
+
+
+# --- family 4: tracing and transforms (FakeTensorMode, make_fx, torch.func, compile) ------
+
+
+def _f_inplace_view(x):
+    y = x.clone()
+    y[0].mul_(2)
+    return y
+
+
+def _f_unbind_inplace(x):
+    y = x.clone()
+    for r in y.unbind():
+        r.add_(1)
+    return y
+
+
+def _f_zero_view(x):
+    y = x.clone()
+    y.view(-1).zero_()
+    return y + x
+
+
+def _f_detach_inplace(x):
+    y = x.clone()
+    d = y.detach()
+    d.add_(1)
+    return y * x
+
+
+TRACE_FNS: dict[str, Callable] = {
+    "view_chain": lambda x: x.view(-1).narrow(0, 0, 4).mul(2),
+    "inplace_view": _f_inplace_view,
+    "detach": lambda x: x.detach().sin() + x,
+    "detach_inplace": _f_detach_inplace,
+    "transpose_matmul": lambda x: x.t() @ x,
+    "split_sum": lambda x: torch.stack([s.sum() for s in x.split(2)]),
+    "unbind_inplace": _f_unbind_inplace,
+    "as_strided": lambda x: x.as_strided((2, 2), (1, 2)).exp(),
+    "expand_contig": lambda x: x[:, :1].expand(-1, 4).contiguous() * x,
+    "data": lambda x: x.data.mul(2) + x,
+    "softmax": lambda x: torch.softmax(x, -1),
+    "zero_view": _f_zero_view,
+}
+TRACE_VARIANTS = ("eager", "audit", "fake", "make_fx", "make_fx_fake", "functionalize", "grad", "vmap")
+COMPILE_VARIANTS = ("eager", "aot_eager", "inductor")
+
+
+def _x(shape=(4, 4), requires_grad=False) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(*shape).requires_grad_(requires_grad)
+
+
+def _graph_code(gm) -> str:
+    return "\n".join(line.rstrip() for line in gm.code.strip().splitlines())
+
+
+def run_trace(ctx: Context, fname: str, variant: str) -> dict:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    f = TRACE_FNS[fname]
+    if variant in ("eager", "audit"):
+        x = _x(requires_grad=True)
+        with ctx.audit() if variant == "audit" else contextlib.nullcontext():
+            out, err = call(lambda: f(x))
+            if err is not None:
+                return {"call": err}
+            ctx.perturb([out])
+            pool = {id(x): "arg0", id(out): "out0"}
+            return {"outs": ob.tensors([("out0", out)], pool), "args": ob.tensors([("arg0", x)], pool),
+                    "backward": backward_record([out], [("arg0", x)])}
+    if variant == "fake":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        x = _x()
+        with FakeTensorMode() as mode:
+            fx = mode.from_tensor(x)
+            out, err = call(lambda: f(fx))
+            if err is not None:
+                return {"call": err}
+            pool = {id(fx): "arg0", id(out): "out0"}
+            return {"outs": ob.tensors([("out0", out)], pool, with_value=False),
+                    "args": ob.tensors([("arg0", fx)], pool, with_value=False)}
+    if variant in ("make_fx", "make_fx_fake", "functionalize"):
+        x = _x()
+        g = torch.func.functionalize(f) if variant == "functionalize" else f
+        mode = "fake" if variant == "make_fx_fake" else "real"
+        gm, err = call(lambda: make_fx(g, tracing_mode=mode)(x))
+        if err is not None:
+            return {"trace": err}
+        out, err = call(lambda: gm(_x()))
+        ctx.perturb([out] if isinstance(out, torch.Tensor) else [])
+        return {"code": _graph_code(gm), "result": err or ob.value(out)}
+    if variant == "grad":
+        x = _x()
+        out, err = call(lambda: torch.func.grad(lambda x: f(x).sum())(x))
+        if err is None:
+            ctx.perturb([out])
+        return {"result": err or ob.tensor(out)}
+    if variant == "vmap":
+        x = _x((3, 4, 4))
+        out, err = call(lambda: torch.func.vmap(f)(x))
+        if err is None:
+            ctx.perturb([out])
+        return {"result": err or ob.tensor(out)}
+    raise ValueError(variant)
+
+
+def run_compile(ctx: Context, fname: str, backend: str) -> dict:
+    f = TRACE_FNS[fname]
+    inputs = [(_x(requires_grad=True),), (_x(requires_grad=True),), (_x((8, 4), requires_grad=True),)]
+    return compiled(ctx, f, inputs, backend)
+
+
+def trace_scenarios() -> list[Scenario]:
+    out = [Scenario(f"trace/{v}/{f}", "trace", lambda ctx, f=f, v=v: run_trace(ctx, f, v))
+           for f in TRACE_FNS for v in TRACE_VARIANTS]
+    out += [Scenario(f"compile/{b}/{f}", "compile", lambda ctx, f=f, b=b: run_compile(ctx, f, b),
+                     full_only=(b == "inductor"), timeout=600 if b == "inductor" else 120)
+            for f in TRACE_FNS for b in COMPILE_VARIANTS
+            if b != "inductor" or f in INDUCTOR_FNS]
+    return out
+
+
+INDUCTOR_FNS = ("view_chain", "inplace_view", "detach_inplace", "split_sum", "unbind_inplace")
+
+
+# --- family 5: torchao ------------------------------------------------------------------
+
+
+def torchao_scenarios() -> list[Scenario]:
+    try:
+        import torchao  # noqa: F401
+        reason = None
+    except ImportError as e:
+        reason = f"torchao not installed ({e}); nothing is installed for it"
+    if reason is not None:
+        return [Scenario("torchao/all", "torchao", lambda ctx: {"skipped": reason})]
+    return [Scenario("torchao/all", "torchao", lambda ctx: {"skipped": "torchao scenarios not written yet"})]
+
+
+def registry() -> dict[str, Scenario]:
+    all_ = opdb_scenarios() + njt_scenarios() + dtensor_scenarios() + trace_scenarios() + torchao_scenarios()
+    reg = {s.id: s for s in all_}
+    assert len(reg) == len(all_), "duplicate scenario ids"
+    return reg

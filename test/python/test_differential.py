@@ -1,0 +1,165 @@
+"""A bounded sample of the differential harness (test/differential, docs/differential.md).
+
+The same scenarios run in a worker that never imports aliasguard and in one that
+does; every difference must be intended (test/differential/intended.py). Known
+bugs (expected.py) are ``xfail(strict=True)`` here, one test each, so a fix
+shows up as XPASS and the entry must go. The full run is ``make test-differential``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TEST_DIR not in sys.path:
+    sys.path.insert(0, TEST_DIR)
+
+from differential import compare, expected, intended, run  # noqa: E402
+from differential.scenarios import FAMILIES  # noqa: E402
+
+SAMPLE = int(os.environ.get("ALIASGUARD_DIFF_SAMPLE", "60"))
+
+# Deliberate differences, made on the aliasguard side only (scenarios.Context.perturb).
+INJECT = {
+    "opdb/pass/sin/0": ("value", "outs/out0/value"),
+    # a scenario whose other differences are intended or known: the injected one still stands out
+    "opdb/saving/exp/0": ("value", "outs/out0/value"),
+    "trace/eager/softmax": ("version", "outs/out0/version"),
+    "njt/eager/clone": ("raise", "harness_error/exc"),
+    "dtensor/eager/sin/shard0": ("raise", "harness_error/exc"),
+    "trace/grad/softmax": ("value", "result/value"),
+}
+CONTROL = "opdb/pass/cos/0"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return run.list_scenarios(run.tempfile.mkdtemp(prefix="aliasguard-differential-"))
+
+
+@pytest.fixture(scope="module")
+def sample(rows):
+    ids = run.select_ids(rows, None, SAMPLE)
+    repro = [i for b in expected.EXPECTED_FAILURES + expected.FIXED for i in b.repro]
+    ids += [i for i in repro if i not in ids]
+    timeouts = {r["id"]: r["timeout"] for r in rows}
+    return run.run(ids, timeouts, jobs=1)
+
+
+@pytest.fixture(scope="module")
+def injected(rows):
+    spec = ";".join(f"^{sid}$={kind}" for sid, (kind, _) in INJECT.items())
+    ids = list(INJECT) + [CONTROL]
+    return run.run(ids, {}, jobs=1, env_extra={"ALIASGUARD_DIFF_INJECT": spec})
+
+
+def _show(res: dict, ids: list[str]) -> str:
+    lines = []
+    for sid in ids:
+        for d in res[sid]["diffs"]:
+            if d["tag"] == "unexpected":
+                lines.append(f"{sid} :: {d['path']}: stock={d['stock']!r} aliasguard={d['aliasguard']!r}")
+    return "\n".join(lines[:40])
+
+
+def test_sample_is_deterministic_and_covers_every_family(rows):
+    a = run.select_ids(rows, None, SAMPLE)
+    assert a == run.select_ids(rows, None, SAMPLE)
+    assert len(a) == SAMPLE
+    assert {i.split("/")[0] for i in a} == set(FAMILIES)
+    assert not any(r["full_only"] for r in rows if r["id"] in a)
+
+
+def test_workers_are_what_they_claim(sample):
+    assert sample["problems"] == []
+    answers = {c["label"]: c["answer"] for c in sample["workers"]}
+    assert answers["stock"] == {"aliasguard_imported": False, "side": "stock"}
+    assert answers["aliasguard"] == {"aliasguard_imported": True, "side": "aliasguard"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_unexpected_difference(sample, family):
+    res = sample["results"]
+    ids = [i for i in res if i.startswith(family + "/")]
+    assert ids, f"the sample has no {family} scenario"
+    bad = [i for i in ids if res[i]["status"] == "unexpected"]
+    assert not bad, f"{len(bad)} scenarios differ unexpectedly:\n" + _show(res, bad)
+
+
+def test_known_bug_repros_show_their_bug_and_nothing_unexpected(sample):
+    res = sample["results"]
+    for b in expected.EXPECTED_FAILURES:
+        assert all(res[i]["status"] != "unexpected" for i in b.repro), _show(res, list(b.repro))
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(b, id=b.id, marks=pytest.mark.xfail(strict=True, reason=b.description))
+     for b in expected.EXPECTED_FAILURES],
+)
+def test_known_bug_fixed(sample, bug):
+    # XPASS (a failure under strict) means the bug is gone: move its entry to expected.FIXED.
+    res = sample["results"]
+    shown = [(sid, d["path"]) for sid in bug.repro for d in res[sid]["diffs"] if d["rule"] == bug.id]
+    assert not shown, shown[:5]
+
+
+@pytest.mark.parametrize("fixed", expected.FIXED, ids=[f.id for f in expected.FIXED])
+def test_fixed_bug_stays_fixed(sample, fixed):
+    res = sample["results"]
+    for sid in fixed.repro:
+        assert res[sid]["status"] in ("same", "intended"), (sid, res[sid]["diffs"][:3])
+
+
+@pytest.mark.parametrize("sid", list(INJECT))
+def test_injected_difference_is_reported(injected, sid):
+    kind, path = INJECT[sid]
+    r = injected["results"][sid]
+    assert r["status"] == "unexpected", r["diffs"]
+    hits = [d for d in r["diffs"] if d["tag"] == "unexpected"]
+    # the first difference is the injected observable; consequences may follow (a gradient, backward's check)
+    assert hits and hits[0]["path"].startswith(path), hits[:3]
+
+
+def test_control_scenario_without_injection_is_same(injected):
+    assert injected["results"][CONTROL]["status"] == "same", injected["results"][CONTROL]["diffs"]
+
+
+# --- the comparison itself, without workers --------------------------------------------
+
+
+def test_diff_compares_exception_types_not_messages():
+    a = {"call": {"exc": "RuntimeError", "msg": "one"}}
+    assert compare.diff(a, {"call": {"exc": "RuntimeError", "msg": "two"}}) == []
+    assert compare.diff(a, {"call": {"exc": "TypeError", "msg": "one"}}) == [(("call", "exc"), "RuntimeError",
+                                                                              "TypeError")]
+    assert compare.diff({"outs": {}}, a) == [(("call", "exc"), "<no exception>", "RuntimeError")]
+
+
+def test_diff_sees_nan_signed_zero_and_lengths():
+    assert compare.diff({"v": ["nan", 1.0]}, {"v": ["nan", 1.0]}) == []
+    assert compare.diff({"v": [0.0]}, {"v": ["-0.0"]}) != []
+    assert compare.diff({"v": [1, 2]}, {"v": [1, 2, 3]}) != []
+
+
+def _saving_record(view_version: int, base_version: int) -> dict:
+    return {"saved": {"saved0": {"version": base_version, "is_view": False, "base": None},
+                      "saved1": {"version": view_version, "is_view": True, "base": "saved0"}}}
+
+
+def test_intended_rules_match_only_their_difference():
+    stock = _saving_record(0, 3)
+    stock["saved"]["saved1"].update(is_view=False, base=None)
+    # the kept view carries its base's counter: intended
+    v = compare.classify("opdb/saving/sin/0", stock, _saving_record(3, 3))
+    assert v["status"] == "intended", v
+    # a version that is not the base's is not explained by any rule
+    v = compare.classify("opdb/saving/sin/0", stock, _saving_record(5, 3))
+    assert v["status"] == "unexpected", v
+    # nor is the same difference in another mode
+    v = compare.classify("opdb/pass/sin/0", stock, _saving_record(3, 3))
+    assert v["status"] == "unexpected", v
+    assert {r.id for r in intended.INTENDED} >= {"saved-view-is-view"}
