@@ -1,7 +1,8 @@
 """Helpers shared by aliasguard's tests and benchmarks.
 
 Not part of the library proper: small, dependency-free tools for measuring
-memory and for exercising alias correction with a wrapper subclass.
+memory and for exercising alias correction with a wrapper subclass or a
+dispatch mode.
 """
 
 from __future__ import annotations
@@ -13,7 +14,26 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from aliasguard._torch_internals import TorchDispatchMode, tree_leaves, tree_map
 
-__all__ = ["WrapperTensor", "InnerTensor", "StorageTracker"]
+__all__ = ["WrapperTensor", "InnerTensor", "PassThroughMode", "StorageTracker"]
+
+
+class PassThroughMode(TorchDispatchMode):
+    """A dispatch mode whose ``__torch_dispatch__`` runs every op unchanged.
+
+    Entering it sends every op through a Python ``__torch_dispatch__`` that
+    does nothing but forward the op: what alias correction, view tracking and
+    ``audit()`` see for any mode (no ``kernels=True`` needed), and the
+    baseline to compare a mode that does something against.
+    """
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: Tuple[Any, ...] = (),
+        kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Any:
+        return func(*args, **(kwargs or {}))
 
 
 class StorageTracker(TorchDispatchMode):

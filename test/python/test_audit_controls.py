@@ -16,10 +16,10 @@ from typing import Callable, Iterator
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard
 from aliasguard import AliasingError
+from aliasguard.testing import PassThroughMode
 
 _lib = torch.library.Library("aliasguard_audit_controls", "DEF")
 # A view whose kernel answers with a copy: what the audit exists to report.
@@ -34,13 +34,6 @@ broken_view = torch.ops.aliasguard_audit_controls.broken_view.default
 aliasing_split = torch.ops.aliasguard_audit_controls.aliasing_split.default
 
 
-class PassThrough(TorchDispatchMode):
-    """Sends every op through ``__torch_dispatch__`` unchanged, so the audit sees it without kernels=True."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 @contextlib.contextmanager
 def _kernels() -> Iterator[None]:
     with aliasguard.audit(kernels=True):
@@ -49,7 +42,7 @@ def _kernels() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _pass_through() -> Iterator[None]:
-    with aliasguard.audit(), PassThrough():
+    with aliasguard.audit(), PassThroughMode():
         yield
 
 

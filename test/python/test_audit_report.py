@@ -14,7 +14,7 @@ import aliasguard
 from aliasguard import AliasingError, AuditReport, _C
 from aliasguard._aliasing import _audit_new_threads, _NewThreadAudit
 from aliasguard._report import VIOLATION_KINDS, describe_violation
-from aliasguard.testing import InnerTensor
+from aliasguard.testing import InnerTensor, PassThroughMode
 
 aten = torch.ops.aten
 
@@ -27,11 +27,6 @@ class CopyingViews(TorchDispatchMode):
         if func in (aten.view.default, aten.t.default):
             return out.clone()
         return out
-
-
-class PassThrough(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
 
 
 class Inner(InnerTensor):
@@ -148,7 +143,7 @@ def test_inplace_handler_returning_none_is_reported():
 
 def test_nested_modes_blame_only_the_handler_that_broke_the_schema():
     x = torch.randn(4)
-    with aliasguard.audit(report=AuditReport()) as report, PassThrough(), CopyingViews():
+    with aliasguard.audit(report=AuditReport()) as report, PassThroughMode(), CopyingViews():
         x.view(2, 2)
     assert [v.owner for v in report.violations()] == [f"mode {__name__}.CopyingViews"]
     assert report.occurrences == 1
@@ -293,7 +288,7 @@ def test_unsafe_splits_share_memory_by_design():
         torch.unsafe_split(x, 2)
         torch.unsafe_chunk(x, 3)
         torch.unsafe_split_with_sizes(x, [2, 4])
-        with PassThrough():
+        with PassThroughMode():
             torch.unsafe_split(x, 2)
             torch.unsafe_split_with_sizes(x, [2, 4])
 

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard
 from aliasguard import shares_version_counter
-from aliasguard.testing import WrapperTensor
+from aliasguard.testing import PassThroughMode, WrapperTensor
 
 
 class SaveOutputMode(TorchDispatchMode):
@@ -120,11 +120,6 @@ def test_meta_detach():
         d = m.detach()
     assert d.is_meta
     assert d.shape == (2, 3)
-
-
-class PassThroughMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
 
 
 def _nested_detach_below_autograd():

@@ -1,4 +1,4 @@
-"""Property tests (issue 8, item 4): random programs of view and in-place ops.
+"""Property tests: random programs of view and in-place ops.
 
 A program starts from two independent tensors and applies random steps: view
 ops (view, transpose, narrow, slice, select, unbind, split, expand,
@@ -23,7 +23,7 @@ run, and all values agree. Checked
 
 Plain tensors viewed under ``AutoDispatchBelowADInplaceOrView`` with no
 ``__torch_dispatch__`` in between are not tracked, by design: automatic
-tracking (issue 9) covers ``__torch_dispatch__`` bodies (test_auto_tracking.py)
+tracking covers ``__torch_dispatch__`` bodies (test_auto_tracking.py)
 and ``track_views()`` covers the rest; that case is ``xfail(strict=True)``.
 """
 
@@ -35,10 +35,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 import aliasguard
+from aliasguard.testing import PassThroughMode
 
 VIEW_OPS = (
     "view", "transpose", "narrow", "slice", "select", "unbind", "split",
@@ -85,11 +85,6 @@ class PassThroughTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         args, kwargs = tree_map_only(cls, lambda t: t.elem, (args, kwargs or {}))
         return tree_map_only(torch.Tensor, cls, func(*args, **kwargs))
-
-
-class PassThroughMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
 
 
 def _apply(step, pool: list) -> None:
@@ -256,7 +251,8 @@ FIXED_PROGRAMS = [
 @pytest.mark.xfail(
     strict=True,
     reason="by design: ops called directly under AutoDispatchBelowADInplaceOrView, outside any "
-    "__torch_dispatch__, are not tracked (issue 9 tracks __torch_dispatch__ bodies; track_views() covers this)",
+    "__torch_dispatch__, are not tracked (automatic tracking is for __torch_dispatch__ bodies; "
+    "track_views() covers this)",
 )
 @pytest.mark.parametrize("program", FIXED_PROGRAMS)
 def test_plain_tensors_below_autograd_share_like_plain(program):

@@ -19,6 +19,9 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_u
 aten = torch.ops.aten
 
 
+# Not aliasguard.testing.PassThroughMode: besides forwarding each op, this one
+# keeps a view of every output made in its body, which the tracking scenarios
+# need (those views must be tracked).
 class PassThroughMode(TorchDispatchMode):
     """Runs every op unchanged, keeping a view of every tensor output (what a
     cache below autograd does)."""
