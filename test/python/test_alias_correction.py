@@ -1,4 +1,4 @@
-"""Alias correction after __torch_dispatch__ and the alias audit (issue 3, F4)."""
+"""Alias correction after __torch_dispatch__ and the alias audit (F4)."""
 
 from __future__ import annotations
 
@@ -474,7 +474,7 @@ def test_error_in_a_list_names_the_element_and_changes_nothing(tracked):
         x.split(2)
     if tracked:
         # A real view made in the tracked body: its view metadata, which the
-        # correction drops on success (issue 9), is still there.
+        # correction drops on success, is still there.
         assert mode.first._is_view() and mode.first._base is x
     else:
         # Untracked, the correction would have shared x's counter.

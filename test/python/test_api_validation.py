@@ -1,4 +1,4 @@
-"""Bad input to the Python API gets a clear error and changes nothing (issue 8).
+"""Bad input to the Python API gets a clear error and changes nothing.
 
 ``mark_as_view`` flags must be real bools and ``creation_meta`` valid text;
 ``correct_aliasing`` checks its call against the op's schema (extra positional

@@ -1,4 +1,4 @@
-"""Views made inside every __torch_dispatch__ are tracked automatically (issue 9)."""
+"""Views made inside every __torch_dispatch__ are tracked automatically."""
 
 from __future__ import annotations
 

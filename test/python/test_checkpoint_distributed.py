@@ -1,4 +1,4 @@
-"""aliasguard.checkpoint across processes (issue 10, item 3).
+"""aliasguard.checkpoint across processes.
 
 Each test starts two processes (torch.distributed, gloo, 127.0.0.1, a free
 port) that train a small transformer-like model with aliasguard.checkpoint on

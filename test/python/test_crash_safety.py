@@ -1,4 +1,4 @@
-"""Crash-prone paths of issue 8, each in its own interpreter.
+"""Crash-prone paths, each in its own interpreter.
 
 Every case here either crashed the interpreter (segfault) or built a tensor
 whose memory or gradients are wrong. Each runs in a child process

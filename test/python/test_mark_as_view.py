@@ -53,7 +53,7 @@ def test_reproduction_with_mark_as_view():
     saved = {}
 
     class SaveMode(TorchDispatchMode):
-        # Opted out of automatic tracking (issue 9), which would make the
+        # Opted out of automatic tracking, which would make the
         # alias a view already: the stock situation mark_as_view repairs.
         __aliasguard_track_views__ = False
 

@@ -1,4 +1,4 @@
-"""The one "may this tensor alias that storage" check (issue 8, item 1).
+"""The one "may this tensor alias that storage" check.
 
 Each case that used to crash the interpreter runs in a subprocess, so that a
 regression fails one test instead of killing the run.

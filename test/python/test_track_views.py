@@ -9,7 +9,7 @@ from aliasguard import _C, shares_version_counter, track_views
 
 
 class UntrackedMode(TorchDispatchMode):
-    """A mode opted out of automatic tracking (issue 9): its body runs with
+    """A mode opted out of automatic tracking: its body runs with
     ADInplaceOrView excluded, as in stock PyTorch, which is where
     track_views() matters."""
 
