@@ -160,9 +160,6 @@ OPEN_ELSEWHERE = [
     ("aliasguard_pytest.py", "note", "Note [The audit option takes no separate value]"),
     # Tracker numbers.
     ("bench/bench_view_tracking.py", "tracker", ""),
-    ("test/cpp/test_alias_correction.cpp", "tracker", ""),
-    ("test/cpp/test_storage_alias.cpp", "tracker", ""),
-    ("test/cpp/test_tracked_dispatch.cpp", "tracker", ""),
     ("tools/run_upstream_suites.py", "tracker", ""),
 ]
 
