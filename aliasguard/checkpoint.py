@@ -82,6 +82,7 @@ from typing import (
     Any,
     Callable,
     Collection,
+    Dict,
     FrozenSet,
     List,
     NoReturn,
@@ -318,6 +319,59 @@ def _raise_consumed(func: Any) -> NoReturn:
     )
 
 
+def _fast_op_name(qualified: str) -> str:
+    """``"aten.mm.default"`` for the dispatcher's ``"aten::mm"`` (the name torch prints)."""
+    name, _, overload = qualified.partition(".")
+    return f"{name.replace('::', '.')}.{overload or 'default'}"
+
+
+def _raise_fast_path_mutation(
+    qualified_op: str, index: int, cached_at: str, expected: int, found: int, in_forward: bool
+) -> NoReturn:
+    # See Note [SAC below autograd] in selective_checkpoint_fast_path.h: the
+    # fast path sees the cached op, not the write, so it names where the
+    # output was cached and when the write was found.
+    cached_op = _fast_op_name(qualified_op)
+    when = (
+        "later in the checkpointed region (found when its forward pass ended)"
+        if in_forward
+        else "after the forward pass (found by the backward's recompute)"
+    )
+    raise CheckpointMutationError(
+        f"aliasguard.checkpoint: output {index} of {cached_op} (run at "
+        f"{cached_at}), cached by selective checkpointing for the backward "
+        f"pass, was modified in place {when}: its version was {expected} when "
+        f"cached and is {found} now. Using it would compute wrong gradients. "
+        "The list-policy fast path does not see the write itself; pass "
+        "fast_path=False to have the forward pass refuse the write before it "
+        "happens and name its line. Clone the tensor before writing to it, "
+        f"have the policy recompute {cached_op}, or pass "
+        "allow_cache_entry_mutation=True if the write is known to be harmless.",
+        cached_op=cached_op,
+        output_index=index,
+        cached_at=cached_at,
+        expected_version=expected,
+        found_version=found,
+    )
+
+
+def _raise_fast_path_missing(qualified_op: str, calls: int, forward_calls: int) -> NoReturn:
+    raise checkpoint_error_type()(
+        f"aliasguard.checkpoint: the recompute ran {_fast_op_name(qualified_op)} "
+        f"{calls} time(s), the forward pass {forward_calls}. The checkpointed "
+        "function must run the same ops in the recompute; it may depend on "
+        "global state that changed, or be nondeterministic."
+    )
+
+
+def _raise_fast_path_consumed(qualified_op: str) -> NoReturn:
+    raise RuntimeError(
+        f"aliasguard.checkpoint: the cached output of {_fast_op_name(qualified_op)} was "
+        "already used by an earlier backward. A region computed under "
+        "selective checkpointing can be backpropagated through only once."
+    )
+
+
 def _detach_tree(out: Any) -> Tuple[Any, List[Any]]:
     """Detached copy of an output pytree the C++ side does not walk, and its leaves."""
     leaves, spec = tree_flatten(out)
@@ -441,6 +495,97 @@ _CachingMode.__torch_dispatch__ = _C._sac_forward_dispatch
 _CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch
 
 
+class _FastForwardContext:
+    """Forward pass of the list-policy fast path: opens the region below autograd.
+
+    Not a dispatch mode: the caching is done by C++ kernels at the
+    ADInplaceOrView key for the policy's ops (see Note [SAC below autograd] in
+    ``selective_checkpoint_fast_path.h``), so the other ops of the region
+    never go through Python.
+    """
+
+    __slots__ = ("_state", "_ops")
+
+    def __init__(self, state: Any, ops: Dict[str, Op]) -> None:
+        self._state = state
+        self._ops = ops
+
+    def __enter__(self) -> "_FastForwardContext":
+        _C._sac_fast_enter_forward(self._state)
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # Compares the cached versions: a write inside the region raises here.
+        _C._sac_fast_exit_forward(self._state, exc_type is None)
+
+    def cached_entries(self) -> List[Tuple[Any, Any, str]]:
+        """``(op, cached outputs or None once used, "file:line")`` per cached op call."""
+        entries = []
+        for name, value, site in _C._sac_fast_entries(self._state):
+            if value is not None and len(value) == 1:
+                value = value[0]
+            entries.append((self._ops[name], value, site))
+        return entries
+
+
+class _FastRecomputeContext:
+    """Recompute of the list-policy fast path: hands cached outputs back below autograd."""
+
+    __slots__ = ("_state", "_forward")
+
+    def __init__(self, state: Any, forward: _FastForwardContext) -> None:
+        self._state = state
+        self._forward = forward
+
+    def __enter__(self) -> "_FastRecomputeContext":
+        _C._sac_fast_enter_recompute(self._state)
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        _C._sac_fast_exit_recompute(self._state)
+
+    def cached_entries(self) -> List[Tuple[Any, Any, str]]:
+        """See :meth:`_FastForwardContext.cached_entries`."""
+        return self._forward.cached_entries()
+
+
+def _qualified(op: OpOverload) -> Tuple[str, str]:
+    schema = op._schema
+    return schema.name, schema.overload_name
+
+
+def _fast_path_contexts(
+    saved_ops: FrozenSet[Op], allow_cache_entry_mutation: bool
+) -> Optional[Tuple[_FastForwardContext, _FastRecomputeContext]]:
+    """The fast path's contexts for a list policy, or None where only the modes are right.
+
+    The modes stay for: higher-order ops in the list, ops SAC ignores or with
+    ordered effects, a torch that overrides policies for effectful ops (the
+    fast path sees only the listed ops), and user saved-tensors hooks on a
+    torch whose SAC may route its cache through them.
+    """
+    if _semantics.policies_overridden_for_effects():
+        return None
+    if _semantics.supports_respect_saved_tensors_hooks() and _semantics.current_user_saved_tensors_hooks() is not None:
+        return None
+    ignored = sac_ignored_ops()
+    names: List[Tuple[str, str]] = []
+    by_name: Dict[str, Op] = {}
+    for op in saved_ops:
+        if not isinstance(op, OpOverload) or op in ignored or _semantics.has_ordered_effects(op):
+            return None
+        name, overload = _qualified(op)
+        # Views, in-place and CompositeImplicitAutograd ops are recomputed by
+        # the modes too (or never reach them): leaving them out is the same.
+        if _C._sac_fast_skip_reason(name, overload):
+            continue
+        names.append((name, overload))
+        by_name[f"{name}.{overload}" if overload else name] = op
+    state = _C._sac_fast_new_state(names, bool(allow_cache_entry_mutation))
+    forward = _FastForwardContext(state, by_name)
+    return forward, _FastRecomputeContext(state, forward)
+
+
 # ---------------------------------------------------------------------------
 # Public API.
 
@@ -493,7 +638,9 @@ def _coercing(policy_fn: PolicyFn) -> PolicyFn:
 def create_selective_checkpoint_contexts(
     policy_fn_or_list: Union[PolicyFn, Collection[Op]],
     allow_cache_entry_mutation: bool = False,
-) -> Tuple[TorchDispatchMode, TorchDispatchMode]:
+    *,
+    fast_path: bool = True,
+) -> Tuple[Any, Any]:
     """Build the two contexts of a selective checkpoint; use as ``context_fn``.
 
     Pass ``functools.partial(create_selective_checkpoint_contexts, policy)``
@@ -518,9 +665,20 @@ def create_selective_checkpoint_contexts(
             docstring).
         allow_cache_entry_mutation: turn off both mutation checks (the one in
             the forward pass and the one in the recompute).
+        fast_path: for a list policy, cache below autograd with C++ kernels
+            for the listed ops instead of two dispatch modes, so that the
+            region's other ops do not go through Python (about the cost of a
+            plain checkpoint). The same outputs are saved; a write to a
+            cached tensor is detected when the forward pass ends or at
+            recompute instead of being refused before it happens, and the
+            error names the cached op and where it ran, not the writing line
+            (``fast_path=False`` names it). Ignored for a policy function.
 
     Returns:
-        ``(forward_context, recompute_context)``, two ``TorchDispatchMode``.
+        ``(forward_context, recompute_context)``: two ``TorchDispatchMode``,
+        or for the list-policy fast path two plain context managers (which
+        is all ``torch.utils.checkpoint.checkpoint`` requires outside
+        ``torch.compile``).
 
     Raises:
         TypeError: ``policy_fn_or_list`` is neither callable nor a collection.
@@ -545,6 +703,12 @@ def create_selective_checkpoint_contexts(
             _coercing(policy_fn) if policy_fn is not None else list(saved_ops),
             allow_cache_entry_mutation,
         )
+    # Under torch.compile the contexts must be dispatch modes (AOTAutograd
+    # reads their graph ids), so a compiled region keeps the modes.
+    if policy_fn is None and fast_path and not torch.compiler.is_compiling():
+        contexts = _fast_path_contexts(saved_ops, allow_cache_entry_mutation)
+        if contexts is not None:
+            return contexts
     state = _C._sac_new_state(
         policy_fn,
         saved_ops,
@@ -560,6 +724,7 @@ def checkpoint(
     policy: Union[PolicyFn, Collection[Op]],
     allow_cache_entry_mutation: bool = False,
     respect_saved_tensors_hooks: Optional[bool] = None,
+    fast_path: bool = True,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` under a selective activation checkpoint.
@@ -585,6 +750,7 @@ def checkpoint(
             ``False`` bypasses them, ``None`` bypasses them with a
             ``FutureWarning`` when such hooks are active. The mutation checks
             still look at the tensors the ops returned.
+        fast_path: see :func:`create_selective_checkpoint_contexts`.
         **kwargs: ``preserve_rng_state``, ``determinism_check``, ``debug``,
             ``early_stop`` go to ``torch.utils.checkpoint.checkpoint``; the
             rest are keyword arguments of ``function``.
@@ -647,6 +813,7 @@ def checkpoint(
             create_selective_checkpoint_contexts,
             policy,
             allow_cache_entry_mutation=allow_cache_entry_mutation,
+            fast_path=fast_path and respect_saved_tensors_hooks is None,
         ),
         **kwargs,
     )

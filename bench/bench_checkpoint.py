@@ -8,7 +8,10 @@ time is mostly dispatch, so the modes' per-op overhead shows.
 
 Fairness: the three baselines run in worker processes that never import
 aliasguard (importing it wraps every ``__torch_dispatch__``, torch's SAC mode
-included); aliasguard's SAC runs in its own worker processes. Workers of the
+included); aliasguard's SAC (the list-policy fast path below autograd, and the
+dispatch-mode path with ``fast_path=False``) runs in its own worker processes,
+beside in-process copies of the plain checkpoint and torch's SAC (with
+aliasguard imported), so each ratio can also be read within one process. Workers of the
 two kinds alternate, several rounds each, on one intra-op thread; each
 reports the wall and CPU (thread) time of every step, and the table gives
 medians over all rounds and the ratio of medians. Saved bytes are the
@@ -52,7 +55,9 @@ LAYERS = 4
 SIZES = {"kernel-bound": (8, 128, 256, 4, 1024), "dispatch-bound": (1, 8, 32, 2, 64)}
 SAVE_MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
 STOCK = ("no checkpoint", "plain checkpoint", "pass-through modes", "torch SAC")
-OURS = ("aliasguard SAC",)
+OURS = ("aliasguard SAC", "aliasguard SAC (modes)", "plain checkpoint (in-process)", "torch SAC (in-process)")
+# Suffix of the baselines that also run in the aliasguard worker.
+IN_PROCESS = " (in-process)"
 
 
 class Block(torch.nn.Module):
@@ -90,7 +95,8 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
         return forward
 
     variants: Dict[str, Forward] = {}
-    for name in names:
+    for full_name in names:
+        name = full_name.removesuffix(IN_PROCESS)
         if name == "no checkpoint":
             variants[name] = run(lambda block, x: block(x))
         elif name == "plain checkpoint":
@@ -123,8 +129,15 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
             from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
 
             variants[name] = run(lambda block, x: aliasguard_checkpoint(block, x, policy=SAVE_MATMULS))
+        elif name == "aliasguard SAC (modes)":
+            from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
+
+            variants[name] = run(
+                lambda block, x: aliasguard_checkpoint(block, x, policy=SAVE_MATMULS, fast_path=False)
+            )
         else:
             raise ValueError(name)
+        variants[full_name] = variants.pop(name)
     return variants
 
 
@@ -288,17 +301,28 @@ def main() -> None:
             f"{samples} steps per variant in {options.rounds} processes of each kind\n"
         )
         print(
-            "| variant | wall (ms) | wall / torch SAC | wall / plain ckpt | CPU (ms) | CPU / torch SAC "
+            "| variant | wall (ms) | IQR / median | wall / torch SAC | wall / plain ckpt "
+            "| wall / in-process torch SAC | wall / in-process plain ckpt | CPU (ms) | CPU / torch SAC "
             "| saved activations (KiB) | bytes / torch SAC |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         med_wall = {name: statistics.median(s) for name, s in wall.items()}
         med_cpu = {name: statistics.median(s) for name, s in cpu.items()}
         base, plain = "torch SAC", "plain checkpoint"
         for name in STOCK + OURS:
+            quartiles = statistics.quantiles(wall[name], n=4)
+            spread = (quartiles[2] - quartiles[0]) / med_wall[name]
+            in_process = ""
+            if name in OURS:
+                in_process = (
+                    f"| {med_wall[name] / med_wall[base + IN_PROCESS]:.3f}x "
+                    f"| {med_wall[name] / med_wall[plain + IN_PROCESS]:.3f}x "
+                )
+            else:
+                in_process = "| | "
             print(
-                f"| {name} | {med_wall[name] * 1e3:.2f} | {med_wall[name] / med_wall[base]:.3f}x "
-                f"| {med_wall[name] / med_wall[plain]:.3f}x "
+                f"| {name} | {med_wall[name] * 1e3:.2f} | {spread:.1%} | {med_wall[name] / med_wall[base]:.3f}x "
+                f"| {med_wall[name] / med_wall[plain]:.3f}x {in_process}"
                 f"| {med_cpu[name] * 1e3:.2f} | {med_cpu[name] / med_cpu[base]:.3f}x "
                 f"| {saved[name] / 2**10:.1f} | {saved[name] / saved[base]:.3f}x |"
             )

@@ -1,4 +1,10 @@
-"""F5: selective activation checkpointing that refuses mutated cached tensors."""
+"""F5: selective activation checkpointing that refuses mutated cached tensors.
+
+This file tests the dispatch-mode path, which a list policy takes with
+``fast_path=False`` (the fail-fast refusal of writes, the modes' own
+``__torch_dispatch__``); the list-policy fast path below autograd has its own
+file, test_checkpoint_fast_path.py.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +33,14 @@ from aliasguard.checkpoint import (
 )
 
 aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def mode_path_for_list_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aliasguard.checkpoint as module
+
+    for fn in (module.checkpoint, module.create_selective_checkpoint_contexts):
+        monkeypatch.setitem(fn.__kwdefaults__, "fast_path", False)
 MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
 THIS_FILE = os.path.abspath(__file__)
 

@@ -385,6 +385,12 @@ def test_per_layer_policies():
     for name, make_contexts in IMPLEMENTATIONS.items():
         results[name] = train_step([save_mm(make_contexts), save_nothing(make_contexts),
                                     torchtitan_context_fn(make_contexts)])
-    assert results["aliasguard"][1] == results["torch"][1]
+    # torch's SAC dispatches a detach per cached output it hands back; the
+    # list-policy fast path aliases below the dispatcher. The other ops are
+    # what was recomputed, and must match.
+    def without_detach(counts: Dict[Any, int]) -> Dict[Any, int]:
+        return {op: n for op, n in counts.items() if op is not aten.detach.default}
+
+    assert without_detach(results["aliasguard"][1]) == without_detach(results["torch"][1])
     for a, ref in zip(results["aliasguard"][0], reference_grads(3)):
         torch.testing.assert_close(a, ref, rtol=1e-5, atol=1e-6)

@@ -28,6 +28,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/selective_checkpoint.h>
+#include <torch/csrc/autograd/selective_checkpoint_fast_path.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
 
@@ -789,6 +790,153 @@ py::object intern(const char* text) {
   return py::reinterpret_steal<py::object>(name);
 }
 
+// --- The fast path's hooks (see Note [SAC below autograd]) ---------------
+// The kernel runs with or without the GIL (torch's bindings release it
+// around an op), so each hook takes it.
+
+struct CallSite {
+  py::object code; // code object of the user's frame, or None
+  int line = 0;
+};
+
+void* capture_call_site() {
+  if (!Py_IsInitialized()) {
+    return nullptr;
+  }
+  py::gil_scoped_acquire gil;
+  auto [code, line] = user_frame();
+  return new CallSite{std::move(code), line};
+}
+
+void release_call_site(void* site) {
+  auto* call_site = static_cast<CallSite*>(site);
+  if (!Py_IsInitialized()) {
+    call_site->code.release(); // no Py_DECREF after interpreter shutdown
+    delete call_site;
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  delete call_site;
+}
+
+std::string describe_call_site(void* site) {
+  py::gil_scoped_acquire gil;
+  auto* call_site = static_cast<CallSite*>(site);
+  EntryValue entry;
+  entry.code = call_site->code;
+  entry.line = call_site->line;
+  return location(entry);
+}
+
+// Calls checkpoint.py's helper, which raises; carries its error through C++.
+[[noreturn]] void raise_from_helper(const char* helper, const py::tuple& args) {
+  {
+    py::gil_scoped_acquire gil;
+    py::object fn = py::module_::import("aliasguard.checkpoint").attr(helper);
+    PyObject* result = PyObject_Call(fn.ptr(), args.ptr(), nullptr);
+    Py_XDECREF(result);
+    if (!PyErr_Occurred()) {
+      PyErr_Format(
+          PyExc_RuntimeError,
+          "aliasguard.checkpoint.%s returned instead of raising",
+          helper);
+    }
+  }
+  python_error error;
+  error.persist();
+  throw error;
+}
+
+void raise_fast_mutation(const FastPathMutation& mutation) {
+  py::gil_scoped_acquire gil;
+  raise_from_helper(
+      "_raise_fast_path_mutation",
+      py::make_tuple(
+          mutation.cached_op,
+          mutation.output_index,
+          mutation.cached_at,
+          mutation.expected_version,
+          mutation.found_version,
+          mutation.in_forward));
+}
+
+void raise_fast_missing(
+    const std::string& op,
+    size_t calls,
+    size_t forward_calls) {
+  py::gil_scoped_acquire gil;
+  raise_from_helper(
+      "_raise_fast_path_missing", py::make_tuple(op, calls, forward_calls));
+}
+
+void raise_fast_consumed(const std::string& op) {
+  py::gil_scoped_acquire gil;
+  raise_from_helper("_raise_fast_path_consumed", py::make_tuple(op));
+}
+
+const FastPathHooks& python_fast_path_hooks() {
+  static const FastPathHooks hooks = [] {
+    FastPathHooks h;
+    h.capture_call_site = &capture_call_site;
+    h.release_call_site = &release_call_site;
+    h.describe_call_site = &describe_call_site;
+    h.raise_mutation = &raise_fast_mutation;
+    h.raise_missing = &raise_fast_missing;
+    h.raise_consumed = &raise_fast_consumed;
+    return h;
+  }();
+  return hooks;
+}
+
+const char* kFastStateCapsule = "aliasguard.FastPathRegion";
+
+FastPathRegion& fast_region(py::handle capsule) {
+  auto* region = static_cast<FastPathRegion*>(
+      PyCapsule_GetPointer(capsule.ptr(), kFastStateCapsule));
+  if (region == nullptr) {
+    throw python_error();
+  }
+  return *region;
+}
+
+c10::OperatorHandle find_op(
+    const std::string& name,
+    const std::string& overload) {
+  auto op = c10::Dispatcher::singleton().findOp({name, overload});
+  if (!op.has_value()) {
+    throw py::value_error(
+        "aliasguard.checkpoint: no operator " + name +
+        (overload.empty() ? "" : "." + overload) + " in the dispatcher");
+  }
+  return *op;
+}
+
+// A cached output: a tensor, a list of tensors or a scalar.
+py::object ivalue_to_python(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(value.toTensor()));
+  }
+  if (value.isTensorList()) {
+    py::list tensors;
+    for (const at::Tensor& tensor : value.toTensorList()) {
+      tensors.append(
+          py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor)));
+    }
+    return tensors;
+  }
+  if (value.isInt()) {
+    return py::int_(value.toInt());
+  }
+  if (value.isDouble()) {
+    return py::float_(value.toDouble());
+  }
+  if (value.isBool()) {
+    return py::bool_(value.toBool());
+  }
+  return py::none();
+}
+
 } // namespace
 
 void init_selective_checkpoint_bindings(py::module_& m) {
@@ -882,6 +1030,65 @@ void init_selective_checkpoint_bindings(py::module_& m) {
     }
     return entries;
   });
+  // --- the fast path (see Note [SAC below autograd]) ---
+  set_fast_path_hooks(&python_fast_path_hooks());
+  // Why an op cannot be cached below autograd; "" when it can.
+  m.def(
+      "_sac_fast_skip_reason",
+      [](const std::string& name, const std::string& overload) {
+        return fast_path_skip_reason(find_op(name, overload));
+      });
+  m.def(
+      "_sac_fast_new_state",
+      [](const std::vector<std::pair<std::string, std::string>>& names,
+         bool allow_mutation) {
+        std::vector<c10::OperatorHandle> ops;
+        for (const auto& [name, overload] : names) {
+          ops.push_back(find_op(name, overload));
+        }
+        auto region = std::make_unique<FastPathRegion>(ops, allow_mutation);
+        PyObject* capsule =
+            PyCapsule_New(region.get(), kFastStateCapsule, [](PyObject* obj) {
+              delete static_cast<FastPathRegion*>(
+                  PyCapsule_GetPointer(obj, kFastStateCapsule));
+            });
+        if (capsule == nullptr) {
+          throw python_error();
+        }
+        region.release();
+        return py::reinterpret_steal<py::object>(capsule);
+      });
+  m.def("_sac_fast_enter_forward", [](py::handle capsule) {
+    fast_region(capsule).enter_forward();
+  });
+  m.def("_sac_fast_exit_forward", [](py::handle capsule, bool check) {
+    fast_region(capsule).exit_forward(check);
+  });
+  m.def("_sac_fast_enter_recompute", [](py::handle capsule) {
+    fast_region(capsule).enter_recompute();
+  });
+  m.def("_sac_fast_exit_recompute", [](py::handle capsule) {
+    fast_region(capsule).exit_recompute();
+  });
+  // ("ns::op.overload", outputs tuple or None once used, "file:line").
+  m.def("_sac_fast_entries", [](py::handle capsule) {
+    py::list result;
+    for (const auto& entry : fast_region(capsule).entries()) {
+      py::object outputs = py::none();
+      if (!entry.outputs.empty()) {
+        py::tuple values(entry.outputs.size());
+        for (size_t i = 0; i < entry.outputs.size(); ++i) {
+          values[i] = ivalue_to_python(entry.outputs[i]);
+        }
+        outputs = values;
+      }
+      result.append(py::make_tuple(entry.op, outputs, entry.cached_at));
+    }
+    return result;
+  });
+  m.def("_sac_fast_release_kernels", &release_fast_path_kernels);
+  m.def("_sac_fast_num_kernels", &num_fast_path_kernels);
+  m.def("_sac_fast_num_open_regions", &num_open_fast_path_regions);
   m.attr("_sac_forward_dispatch") = as_method(&forward_def);
   m.attr("_sac_recompute_dispatch") = as_method(&recompute_def);
 }

@@ -1,0 +1,306 @@
+"""The list-policy fast path of aliasguard.checkpoint (kernels below autograd).
+
+Each guarantee is checked against a reference that could differ: outputs and
+gradients bitwise equal to the un-checkpointed run, the same saved bytes as
+torch's SAC with the same list, writes to cached tensors raising (never a
+silent wrong gradient), nested regions, two threads, tensor subclasses, and
+that the mode path is what a policy function gets.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as torch_checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.testing._internal.two_tensor import TwoTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy
+
+import aliasguard.checkpoint as ours
+from aliasguard import _C
+from aliasguard.checkpoint import CheckpointMutationError, checkpoint
+
+aten = torch.ops.aten
+MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
+
+
+def block_inputs(seed: int = 0) -> Tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(2, 4, 8), (24, 8), (24,), (8, 8), (16, 8), (8, 16)]
+    return tuple(torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_() for s in shapes)
+
+
+def block(x, wqkv, bqkv, wo, wup, wdown):
+    q, k, v = F.linear(x, wqkv, bqkv).split(8, dim=-1)
+    attn = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).softmax(-1) @ v  # bmm
+    x = x + F.linear(attn, wo)
+    return x + F.linear(F.gelu(F.linear(x, wup)), wdown)
+
+
+def grads_of(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:
+    for t in inputs:
+        t.grad = None
+    out = fn(*inputs)
+    out.sum().backward()
+    return (out.detach(), *(t.grad.clone() for t in inputs))
+
+
+def fast_contexts(policy: Any) -> Any:
+    return ours.create_selective_checkpoint_contexts(policy)
+
+
+def test_list_policy_uses_the_fast_path_and_no_dispatch_mode():
+    forward, recompute = fast_contexts(MATMULS)
+    assert not isinstance(forward, TorchDispatchMode)
+    assert not isinstance(recompute, TorchDispatchMode)
+    seen: List[int] = []
+
+    def fn(x, w):
+        seen.append(len(_get_current_dispatch_mode_stack()))
+        return torch.mm(x, w).sin()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    checkpoint(fn, x, w, policy=[aten.mm.default]).sum().backward()
+    assert seen == [0, 0]  # forward and recompute ran with no mode on the stack
+
+
+def test_function_policy_keeps_the_mode_path():
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    forward, recompute = ours.create_selective_checkpoint_contexts(policy)
+    assert isinstance(forward, TorchDispatchMode) and isinstance(recompute, TorchDispatchMode)
+    forward, _ = ours.create_selective_checkpoint_contexts(MATMULS, fast_path=False)
+    assert isinstance(forward, TorchDispatchMode)
+
+
+def test_outputs_and_gradients_are_bitwise_equal_to_no_checkpoint():
+    inputs = block_inputs()
+    expected = grads_of(block, inputs)
+    got = grads_of(lambda *a: checkpoint(block, *a, policy=MATMULS), inputs)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_cached_ops_are_not_run_again_in_the_recompute():
+    calls = {"mm": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is aten.mm.default:
+                calls["mm"] += 1
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    with Count():
+        out = checkpoint(lambda x, w: torch.mm(x.cos(), w).sin(), x, w, policy=[aten.mm.default])
+        assert calls["mm"] == 1
+        out.sum().backward()
+    # backward: the 2 gradient mm; the forward mm came from the cache.
+    assert calls["mm"] == 3
+
+
+class StorageTracker(TorchDispatchMode):
+    """Storages made in the forward pass that are still alive after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: Dict[int, Tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                self.storages.setdefault(s._cdata, (StorageWeakRef(s), s.nbytes()))
+        return out
+
+    def live_bytes(self, exclude: Tuple[torch.Tensor, ...]) -> int:
+        excluded = {t.untyped_storage()._cdata for t in exclude}
+        return sum(n for key, (ref, n) in self.storages.items() if not ref.expired() and key not in excluded)
+
+
+def test_saved_bytes_equal_torch_sac_with_the_same_list():
+    inputs = block_inputs(1)
+
+    def saved(make_contexts: Callable[..., Any]) -> int:
+        context_fn = functools.partial(make_contexts, MATMULS)
+        tracker = StorageTracker()
+        with tracker:
+            out = torch_checkpoint.checkpoint(block, *inputs, use_reentrant=False, context_fn=context_fn).sum()
+        live = tracker.live_bytes((out, *inputs))
+        out.backward()
+        return live
+
+    theirs = saved(torch_checkpoint.create_selective_checkpoint_contexts)
+    mine = saved(ours.create_selective_checkpoint_contexts)
+    plain = saved(lambda _: (torch_checkpoint.noop_context_fn()))
+    assert mine == theirs
+    assert mine > plain  # something was cached
+
+
+def test_write_after_forward_raises_at_recompute_naming_the_cached_op():
+    kept: List[torch.Tensor] = []
+
+    def fn(x, w):
+        y = torch.mm(x, w)
+        kept.append(y)
+        return y.sin()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    out = checkpoint(fn, x, w, policy=[aten.mm.default]).sum()
+    with torch.no_grad():
+        kept[0].mul_(2)
+    with pytest.raises(CheckpointMutationError, match=r"aten\.mm\.default .*after the forward pass") as info:
+        out.backward()
+    assert info.value.cached_op == "aten.mm.default"
+    assert info.value.cached_at.endswith(f"{__file__}:{fn.__code__.co_firstlineno + 1}".split("/")[-1])
+    assert (info.value.expected_version, info.value.found_version) == (0, 1)
+
+
+def test_write_inside_the_region_raises_when_the_forward_ends():
+    def fn(x, w):
+        y = torch.mm(x, w)
+        y.add_(1)  # would be applied twice by the recompute
+        return y.sin()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(CheckpointMutationError, match="later in the checkpointed region"):
+        checkpoint(fn, x, w, policy=[aten.mm.default])
+    # With the check off the write goes through, as on the mode path.
+    checkpoint(fn, x, w, policy=[aten.mm.default], allow_cache_entry_mutation=True)
+
+
+def test_write_through_a_batched_matmul_result_is_seen():
+    # x @ w on 3-d inputs ends with aten._unsafe_view, which has a counter of
+    # its own: the fast path gives it the cached bmm output's.
+    kept: List[torch.Tensor] = []
+
+    def fn(a, b):
+        y = a @ b
+        kept.append(y)
+        return y.sin()
+
+    a, b = torch.randn(2, 3, 4, requires_grad=True), torch.randn(2, 4, 5, requires_grad=True)
+    out = checkpoint(fn, a, b, policy=[aten.bmm.default]).sum()
+    with torch.no_grad():
+        kept[0].add_(1)
+    with pytest.raises(CheckpointMutationError, match=r"aten\.bmm\.default"):
+        out.backward()
+
+
+def test_nested_regions_give_the_same_gradients():
+    inputs = block_inputs(2)
+
+    def inner(x, wup, wdown):
+        return F.linear(F.gelu(F.linear(x, wup)), wdown)
+
+    def outer(x, wqkv, bqkv, wo, wup, wdown):
+        q, k, v = F.linear(x, wqkv, bqkv).split(8, dim=-1)
+        attn = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).softmax(-1) @ v
+        x = x + F.linear(attn, wo)
+        return x + checkpoint(inner, x, wup, wdown, policy=[aten.mm.default])
+
+    expected = grads_of(block, inputs)
+    got = grads_of(lambda *a: checkpoint(outer, *a, policy=MATMULS), inputs)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+    assert _C._sac_fast_num_open_regions() == 0
+
+
+def test_two_threads_each_get_their_own_regions():
+    inputs = [block_inputs(seed) for seed in (3, 4)]
+    expected = [grads_of(block, i) for i in inputs]
+    results: Dict[int, Any] = {}
+    barrier = threading.Barrier(2)
+
+    def work(index: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(5):
+                results[index] = grads_of(lambda *a: checkpoint(block, *a, policy=MATMULS), inputs[index])
+        except BaseException as error:  # reported by the main thread
+            results[index] = error
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for index in range(2):
+        assert not isinstance(results[index], BaseException), results[index]
+        for e, g in zip(expected[index], results[index]):
+            assert torch.equal(e, g)
+
+
+def test_tensor_subclass_outputs_are_recomputed_with_the_same_gradients():
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g)
+    w = torch.randn(4, 4, generator=g, requires_grad=True)
+
+    def fn(x, w):
+        return torch.mm(x, w).sin()
+
+    def run(checkpointed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = TwoTensor(a.clone(), b.clone()).requires_grad_()
+        w.grad = None
+        out = checkpoint(fn, x, w, policy=[aten.mm.default]) if checkpointed else fn(x, w)
+        out.sum().backward()
+        return out.detach(), x.grad
+
+    (out_ref, gx_ref), gw_ref = run(False), w.grad.clone()
+    (out, gx), gw = run(True), w.grad.clone()
+    assert torch.equal(out.a, out_ref.a) and torch.equal(out.b, out_ref.b)
+    assert torch.equal(gx.a, gx_ref.a) and torch.equal(gx.b, gx_ref.b)
+    assert torch.equal(gw, gw_ref)
+
+
+def test_view_and_in_place_ops_in_the_list_are_recomputed():
+    forward, _ = fast_contexts([aten.mm.default, aten.t.default, aten.add_.Tensor])
+    assert not isinstance(forward, TorchDispatchMode)
+    assert _C._sac_fast_skip_reason("aten::t", "").startswith("it has an ADInplaceOrView kernel")
+    assert _C._sac_fast_skip_reason("aten::add_", "Tensor").startswith("it has an ADInplaceOrView kernel")
+    assert _C._sac_fast_skip_reason("aten::linear", "").startswith("it is CompositeImplicitAutograd")
+
+    def fn(x, w):
+        y = torch.mm(x, w.t()).sin()  # sin's output is not cached: add_ may write it
+        return y.add_(1).cos()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    expected = grads_of(fn, (x, w))
+    got = grads_of(lambda *a: checkpoint(fn, *a, policy=[aten.mm.default, aten.t.default]), (x, w))
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_cached_entries_name_the_op_and_the_line():
+    forward, recompute = fast_contexts([aten.mm.default])
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3)
+    line = test_cached_entries_name_the_op_and_the_line.__code__.co_firstlineno + 5
+    out = torch_checkpoint.checkpoint(
+        lambda x, w: torch.mm(x, w).sin(), x, w, use_reentrant=False, context_fn=lambda: (forward, recompute)
+    )
+    ((op, value, where),) = forward.cached_entries()
+    assert op is aten.mm.default
+    assert isinstance(value, torch.Tensor) and value.shape == (3, 3)
+    assert where.endswith(f":{line}")
+    out.sum().backward()
+    ((_, value, _),) = forward.cached_entries()
+    assert value is None  # handed back and released
+
+
+def test_kernels_outside_a_region_change_nothing():
+    checkpoint(lambda x: torch.mm(x, x), torch.randn(2, 2, requires_grad=True), policy=[aten.mm.default])
+    assert _C._sac_fast_num_kernels() >= 2  # mm and _unsafe_view stay registered
+    x = torch.randn(3, 3, requires_grad=True)
+    y = torch.mm(x, x)
+    y.sum().backward()
+    assert torch.equal(x.grad, (torch.ones(3, 3) @ x.detach().t() + x.detach().t() @ torch.ones(3, 3)))
