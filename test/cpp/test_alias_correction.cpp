@@ -335,7 +335,7 @@ TEST(AliasCorrection, PlaceholderOnAnotherDeviceIsRefused) {
 }
 
 TEST(AliasCorrection, WrapperViewBeyondItsInputIsRefusedUnchanged) {
-  // issue 8, segfault 3: a (1 << 24,) wrapper for a view of 4 floats.
+  // A (1 << 24,) wrapper for a view of 4 floats: once a crash.
   at::Tensor input = at::ones({4});
   at::Tensor output = make_wrapper({int64_t{1} << 24});
   const c10::StorageImpl* storage_before =

@@ -56,7 +56,7 @@ TEST(StorageAlias, InBoundsRealStorageIsAccepted) {
 }
 
 TEST(StorageAlias, DenseTensorGivenAPlaceholderIsRefused) {
-  // issue 8, segfault 1: the dense tensor would read a null data pointer.
+  // Once a crash: the dense tensor would read a null data pointer.
   const at::Tensor wrapper = make_wrapper({4}, {1}, 16);
   EXPECT_NE(
       problem_of(at::zeros({1000}), wrapper).find("placeholder"),
@@ -68,7 +68,7 @@ TEST(StorageAlias, DenseTensorGivenAPlaceholderIsRefused) {
 }
 
 TEST(StorageAlias, OverflowingStridesAreRefused) {
-  // issue 8, segfault 2: 2**62 * 4 bytes wraps around int64.
+  // Once a crash: 2**62 * 4 bytes wraps around int64.
   const at::Tensor wrapper = make_wrapper({2}, {int64_t{1} << 62}, 16);
   const std::string problem = problem_of(wrapper, at::zeros({4}));
   EXPECT_NE(problem.find("more bytes than int64"), std::string::npos)
@@ -76,7 +76,7 @@ TEST(StorageAlias, OverflowingStridesAreRefused) {
 }
 
 TEST(StorageAlias, WrapperLargerThanTheStorageIsRefused) {
-  // issue 8, segfault 3: a (1 << 24,) wrapper over a 16-byte storage.
+  // Once a crash: a (1 << 24,) wrapper over a 16-byte storage.
   const at::Tensor wrapper = make_wrapper({int64_t{1} << 24}, {1}, 0);
   const std::string problem = problem_of(wrapper, at::zeros({4}));
   EXPECT_NE(

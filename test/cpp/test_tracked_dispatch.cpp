@@ -1,8 +1,9 @@
 // The C++ pieces behind automatic view tracking in __torch_dispatch__
-// (issue 9): settling written arguments' versions, the written arguments of a
-// schema, and what alias correction does with view metadata made below
-// autograd. The wrapper that uses them is tested from Python
-// (test/python/test_auto_tracking.py).
+// bodies: the core's TrackedDispatchBody, views made in a tracked scope
+// building their grad_fn from their base, settling written arguments' versions,
+// the written arguments of a schema, and what alias correction does with view
+// metadata made below autograd. The wrapper that uses them is tested from
+// Python (test/python/test_auto_tracking.py).
 
 #include <gtest/gtest.h>
 
@@ -11,8 +12,11 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/VersionCounterUtils.h>
+#include <torch/csrc/autograd/track_views.h>
 #include <torch/csrc/utils/alias_correction.h>
+#include <torch/csrc/utils/op_correction_info.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
+#include <torch/csrc/utils/tracked_dispatch_body.h>
 
 #include <vector>
 
@@ -159,9 +163,7 @@ TEST(ViewMetadataBelowAutograd, ViewWithAGradFnKeepsItsMetadata) {
 
 TEST(ViewMetadataBelowAutograd, ViewOfAnotherTensorIsAnErrorAndChangesNothing) {
   at::Tensor other = at::randn({4});
-  // Same memory as `other`, a counter of its own: not in its alias group.
-  at::Tensor x = at::empty({0});
-  x.set_(other.storage(), 0, {4}, {1});
+  at::Tensor x = at::randn({4}); // other memory, other counter
   at::Tensor out = other.view({2, 2});
   const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("list")};
   const std::vector<OpValueRef> rets{OpValueRef(out)};
@@ -180,6 +182,22 @@ TEST(ViewMetadataBelowAutograd, ViewOfAnotherTensorIsAnErrorAndChangesNothing) {
   EXPECT_TRUE(out.is_view());
   EXPECT_TRUE(aliasguard::shares_version_counter(
       *out.unsafeGetTensorImpl(), *other.unsafeGetTensorImpl()));
+}
+
+TEST(ViewMetadataBelowAutograd, ViewOfAnotherAliasOfTheInputsMemoryIsRepaired) {
+  // What a body answering a view op on `x.data` returns. See Note [What
+  // correction refuses].
+  at::Tensor other = at::randn({4});
+  at::Tensor x = at::empty({0});
+  x.set_(other.storage(), 0, {4}, {1}); // same memory, a counter of its own
+  at::Tensor out = other.view({2, 2});
+  const std::vector<OpValueRef> args{OpValueRef(x), OpValueRef::other("list")};
+  const std::vector<OpValueRef> rets{OpValueRef(out)};
+  aliasguard::utils::correct_aliasing_borrowed(
+      analysis_of("aten::view", ""), args, rets, below_a_view_kernel());
+  EXPECT_FALSE(out.is_view()); // dropped: the kernel above marks it
+  EXPECT_TRUE(aliasguard::shares_version_counter(
+      *out.unsafeGetTensorImpl(), *x.unsafeGetTensorImpl()));
 }
 
 TEST(ViewMetadataBelowAutograd, ListElementsAreEachHandedBack) {
@@ -218,3 +236,88 @@ TEST(ViewMetadataBelowAutograd, MaybeViewOpsMayAnswerWithACopy) {
 }
 
 } // namespace
+
+namespace {
+
+aliasguard::utils::OpCorrectionInfo info_of(
+    const char* name,
+    const char* overload) {
+  const auto op =
+      c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));
+  EXPECT_TRUE(op.has_value()) << name;
+  return aliasguard::utils::op_correction_info(*op);
+}
+
+} // namespace
+
+TEST(TrackedDispatchBody, TakesBackTheBodysBumpOfAnOpWithAnInplaceKernel) {
+  const auto info = info_of("aten::add_", "Tensor");
+  EXPECT_EQ(
+      info.write_counting, aliasguard::utils::WriteCounting::kOuterKernelBumps);
+  at::Tensor x = at::zeros({2});
+  const auto before = x._version();
+  {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    aliasguard::utils::TrackedDispatchBody body(&info, &info, true, true);
+    ASSERT_TRUE(body.wants_written_tensors());
+    body.remember_written(*x.unsafeGetTensorImpl());
+    {
+      const aliasguard::utils::TrackedDispatchBody::Scope scope(body);
+      x.add_(at::ones({2})); // tracked: its ADInplaceOrView kernel bumps
+      EXPECT_EQ(x._version(), before + 1);
+    }
+    body.settle();
+  }
+  EXPECT_EQ(x._version(), before); // the outer kernel's bump is still to come
+}
+
+TEST(TrackedDispatchBody, RunsAsStockUnderInferenceModeAndWhenNotCorrected) {
+  const auto info = info_of("aten::view", "");
+  {
+    const c10::InferenceMode inference;
+    const aliasguard::utils::TrackedDispatchBody body(&info, &info, true, true);
+    EXPECT_FALSE(body.options().tracked);
+    EXPECT_FALSE(body.options().outer_kernel_marks_views);
+  }
+  const at::AutoDispatchBelowADInplaceOrView below;
+  const aliasguard::utils::TrackedDispatchBody uncorrected(
+      &info, &info, false, true);
+  EXPECT_FALSE(uncorrected.options().tracked);
+  const aliasguard::utils::TrackedDispatchBody corrected(
+      &info, &info, true, true);
+  EXPECT_TRUE(corrected.options().tracked);
+  EXPECT_TRUE(corrected.options().outer_kernel_marks_views);
+}
+
+TEST(TrackedDispatchBody, ExplicitCorrectionReadsTheBodyOfItsOwnOp) {
+  const auto view = info_of("aten::view", "");
+  const auto t = info_of("aten::t", "");
+  const at::AutoDispatchBelowADInplaceOrView below;
+  const aliasguard::utils::TrackedDispatchBody body(&view, &view, true, true);
+  const aliasguard::utils::TrackedDispatchBody::Scope scope(body);
+  EXPECT_TRUE(aliasguard::utils::explicit_correction_options(&view, view)
+                  .outer_kernel_marks_views);
+  // Another op corrected from inside the body is not the body's own.
+  EXPECT_FALSE(aliasguard::utils::explicit_correction_options(&t, t)
+                   .outer_kernel_marks_views);
+}
+
+TEST(TrackViewsBelowAutograd, ViewOfALeafBuildsItsGradFnFromTheBase) {
+  const c10::AutoGradMode grad_mode(true);
+  at::Tensor x = at::randn({4}).set_requires_grad(true);
+  at::Tensor untracked;
+  at::Tensor tracked;
+  {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    untracked = x.view({2, 2}); // stock: a plain alias
+    const aliasguard::autograd::TrackViewsGuard guard;
+    tracked = x.view({2, 2});
+  }
+  EXPECT_FALSE(untracked.requires_grad());
+  ASSERT_TRUE(tracked.is_view());
+  ASSERT_NE(tracked.grad_fn(), nullptr)
+      << "a view that requires grad must not be a leaf";
+  tracked.sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), at::ones({4})));
+  EXPECT_TRUE(aliasguard::autograd::has_tracked_view_kernels());
+}

@@ -503,7 +503,11 @@ void correct_aliasing(
   {
     const BorrowedIValues arg_refs(args);
     const BorrowedIValues ret_refs(rets);
-    correct_aliasing_borrowed(analysis, arg_refs.refs(), ret_refs.refs());
+    // An explicit call from C++: see Note [What correction refuses].
+    CorrectionOptions options;
+    options.strict = true;
+    correct_aliasing_borrowed(
+        analysis, arg_refs.refs(), ret_refs.refs(), options);
     for (size_t i = 0; i < returns.size(); ++i) {
       hand_back.push_back(hands_back_argument(returns[i], ret_refs.refs()[i]));
     }

@@ -78,8 +78,8 @@ ALIASGUARD_API void correct_view_return(
     const at::Tensor& output,
     const CorrectionOptions& options = {});
 
-// Boxed form, for C++ callers holding a stack: same, and write returns in
-// `rets` are replaced by their arguments.
+// Boxed form, for C++ callers holding a stack: same, strict (an explicit
+// call), and write returns in `rets` are replaced by their arguments.
 ALIASGUARD_API void correct_aliasing(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<c10::IValue> args,

@@ -26,24 +26,24 @@ namespace {
 PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
 std::atomic<bool> correction_enabled{true};
 
-bool opted_out(PyObject* owner) {
+} // namespace
+
+// See Note [Class attribute lookup without descriptors]
+bool owner_opted_out(PyObject* owner, PyObject* attribute) {
   PyTypeObject* type = PyType_Check(owner)
       ? reinterpret_cast<PyTypeObject*>(owner)
       : Py_TYPE(owner);
-  // See Note [Class attribute lookup without descriptors]
-  PyObject* flag = internals::lookup_class_attribute(type, opt_out_attribute);
+  PyObject* flag = internals::lookup_class_attribute(type, attribute);
   if (flag == nullptr || flag == Py_True) {
     return false;
   }
   const int is_false = PyObject_Not(flag);
   if (is_false < 0) {
-    PyErr_Clear(); // an unusable flag: keep correcting
+    PyErr_Clear(); // an unusable flag: keep the default
     return false;
   }
   return is_false == 1;
 }
-
-} // namespace
 
 PyObject* correct_result(
     const PyOpEntry& entry,
@@ -155,12 +155,14 @@ bool correct_sole_view(
 bool correction_applies(PyObject* owner) {
   // See Note [Tracing infrastructure is left alone]
   return correction_enabled.load(std::memory_order_relaxed) &&
-      !opted_out(owner) && !tracing_infrastructure_active();
+      !owner_opted_out(owner, opt_out_attribute) &&
+      !tracing_infrastructure_active();
 }
 
 PyObject* corrected_result(
     PyObject* owner,
     PyObject* func,
+    const PyOpEntry* known_entry,
     PyObject* args,
     PyObject* kwargs,
     PyObject* out,
@@ -173,7 +175,8 @@ PyObject* corrected_result(
   }
   return translate_errors([&]() -> PyObject* {
     const RunningCorrection running;
-    const PyOpEntry& entry = op_entry(func);
+    const PyOpEntry& entry =
+        known_entry != nullptr ? *known_entry : op_entry(func);
     if (!entry.analysis ||
         (!audit && !entry.analysis->has_aliasing_returns())) {
       return Py_NewRef(out);

@@ -13,6 +13,11 @@
 
 namespace aliasguard::utils {
 
+// Whether the class of `owner` (a class or mode instance) sets `attribute`
+// (an interned name: __aliasguard_fixup__, __aliasguard_track_views__) to a
+// false value. The one reader of aliasguard's per-class opt-outs.
+bool owner_opted_out(PyObject* owner, PyObject* attribute);
+
 // Whether automatic correction applies to the __torch_dispatch__ of `owner`
 // (a class or mode instance): on process-wide, not opted out by its class.
 bool correction_applies(PyObject* owner);
@@ -22,10 +27,13 @@ bool correction_applies(PyObject* owner);
 // `owner` (a class or mode instance): corrected when `correct`, as `options`
 // say (see TrackedDispatchCall), and checked when `audit`, violations blamed
 // on `owner`; `mark` was taken before the handler ran (see Note [One report
-// per op call]). New reference; nullptr with an exception set.
+// per op call]). `entry` is func's when the caller looked it up already
+// (valid under a RunningCorrection), else nullptr. New reference; nullptr
+// with an exception set.
 PyObject* corrected_result(
     PyObject* owner,
     PyObject* func,
+    const PyOpEntry* entry,
     PyObject* args,
     PyObject* kwargs,
     PyObject* out,

@@ -97,7 +97,16 @@ PyObject* corrected_dispatch_call(
     return nullptr;
   }
   PyObject* result = corrected_result(
-      owner, func, args, kwargs, out, correct, audit, call->options(), mark);
+      owner,
+      func,
+      call->entry(),
+      args,
+      kwargs,
+      out,
+      correct,
+      audit,
+      call->options(),
+      mark);
   Py_DECREF(out);
   return result;
 }

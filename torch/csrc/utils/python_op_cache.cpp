@@ -65,17 +65,13 @@ const PyOpEntry& op_entry(PyObject* func) {
     return *it->second;
   }
   auto entry = std::make_unique<PyOpEntry>();
-  entry->func = py::reinterpret_borrow<py::object>(func);
   if (const auto name = internals::operator_name_of(func)) {
-    entry->analysis = schema_alias_analysis(*name);
-    const auto handle = c10::Dispatcher::singleton().findOp(*name);
-    entry->has_inplace_or_view_kernel = handle.has_value() &&
-        handle->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
-    entry->view_may_be_a_copy = handle.has_value() &&
-        !entry->has_inplace_or_view_kernel &&
-        handle->hasKernelForDispatchKey(
-            c10::DispatchKey::CompositeImplicitAutograd);
+    if (const auto handle = c10::Dispatcher::singleton().findOp(*name);
+        handle.has_value() && handle->hasSchema()) {
+      static_cast<OpCorrectionInfo&>(*entry) = op_correction_info(*handle);
+    }
   }
+  entry->func = py::reinterpret_borrow<py::object>(func);
   if (entry->analysis) {
     for (size_t i = 0; i < entry->analysis->num_arguments(); ++i) {
       PyObject* name =
@@ -85,13 +81,6 @@ const PyOpEntry& op_entry(PyObject* func) {
       }
       PyUnicode_InternInPlace(&name);
       entry->argument_names.push_back(py::reinterpret_steal<py::object>(name));
-    }
-    const auto& returns = entry->analysis->returns();
-    const auto sole = entry->analysis->sole_tensor_argument();
-    if (returns.size() == 1 && returns[0].kind == ReturnAliasKind::kView &&
-        !returns[0].is_list && sole == returns[0].argument &&
-        !entry->analysis->argument_is_kwarg_only(*sole)) {
-      entry->sole_view_argument = sole;
     }
   }
   return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/csrc/utils/op_correction_info.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
 
@@ -13,24 +14,13 @@
 
 namespace aliasguard::utils {
 
-struct PyOpEntry {
+// The core's facts about the op (OpCorrectionInfo; `analysis` is nullptr
+// when `func` is no dispatcher operator, a higher-order op say), plus what
+// reading its Python arguments takes.
+struct PyOpEntry : OpCorrectionInfo {
   pybind11::object func; // keeps the key's address from being reused
-  // nullptr: not a dispatcher operator (a higher-order op, say).
-  std::shared_ptr<const SchemaAliasAnalysis> analysis;
   // The schema's argument names, interned, for kwargs lookups.
   std::vector<pybind11::object> argument_names;
-  // Set for ops whose one return is a view of their only tensor argument,
-  // passed positionally at this index: the fast path of the correction.
-  std::optional<size_t> sole_view_argument;
-  // The op has an ADInplaceOrView kernel: above a __torch_dispatch__ it marks
-  // view returns and bumps written arguments. Read once per OpOverload:
-  // registering such a kernel for an op already in use is not supported.
-  bool has_inplace_or_view_kernel = false;
-  // A Tensor(a) return of this op may legitimately be a copy: the op is
-  // CompositeImplicitAutograd with no ADInplaceOrView kernel (to, contiguous,
-  // reshape alias when they can and copy when they must). Any other op that
-  // promises an alias (lift_fresh, alias, view) must keep it.
-  bool view_may_be_a_copy = false;
 };
 
 // The entry of `func` (any object; an OpOverload has an analysis). GIL held.

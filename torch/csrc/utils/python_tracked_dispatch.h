@@ -1,9 +1,8 @@
 #pragma once
 
-#include <c10/core/VersionCounterUtils.h>
-#include <torch/csrc/utils/alias_correction.h>
-#include <torch/csrc/utils/dispatch_state.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/python_op_cache.h>
+#include <torch/csrc/utils/tracked_dispatch_body.h>
 
 // Automatic view tracking in __torch_dispatch__ bodies: what the
 // corrected __torch_dispatch__ wrapper does around the body it calls. See
@@ -11,14 +10,14 @@
 
 namespace aliasguard::utils {
 
-// One call of a wrapped __torch_dispatch__: decides, before the body runs,
-// whether it runs tracked, remembers the versions of the arguments the op
-// writes, and settles them after a normal return. GIL held throughout.
+// One call of a wrapped __torch_dispatch__, adapted to the core's
+// TrackedDispatchBody, which decides: the op's entry, the owner's opt-out
+// and the written arguments read from the Python call. GIL held throughout.
 class TrackedDispatchCall {
  public:
-  // `owner`: the class or mode instance (the opt-outs are read on it);
-  // `func`, `args`, `kwargs`: as the body receives them (borrowed). May throw
-  // (a Python error while reading the arguments).
+  // `owner`: the class or mode instance (the tracking opt-out is read on
+  // it); `func`, `args`, `kwargs`: as the body receives them (borrowed).
+  // May throw (a Python error while reading the arguments).
   TrackedDispatchCall(
       PyObject* owner,
       PyObject* func,
@@ -26,9 +25,9 @@ class TrackedDispatchCall {
       PyObject* kwargs,
       bool correct);
 
-  // Calls the body with ADInplaceOrView re-enabled when tracked, restoring
-  // the exclusion however it ends; settles the written versions when it
-  // returns normally. New reference, or nullptr with the exception set.
+  // Calls the body inside the core's scope (tracked or not), then settles
+  // the written versions when it returns normally. New reference, or
+  // nullptr with the exception set.
   PyObject* call(
       PyObject* fn,
       PyObject* const* argv,
@@ -37,17 +36,19 @@ class TrackedDispatchCall {
 
   // How the correction after the body must treat its result.
   const CorrectionOptions& options() const {
-    return options_;
+    return body_.options();
+  }
+  // The op's entry, looked up once for the body and the correction after
+  // it; nullptr when the call is not corrected.
+  const PyOpEntry* entry() const {
+    return entry_;
   }
 
  private:
-  bool track_ = false;
-  bool outer_bump_follows_ = false;
-  // See Note [One bump per write through __torch_dispatch__]
-  bool bump_unmoved_writes_ = false;
-  CorrectionOptions options_;
-  DispatchBody body_;
-  WrittenVersions written_;
+  // Keeps `entry_` valid until the correction after the body is done.
+  RunningCorrection running_;
+  const PyOpEntry* entry_;
+  TrackedDispatchBody body_;
 };
 
 // The correction options for an explicit correct_aliasing() call made from

@@ -1,0 +1,30 @@
+#include <torch/csrc/utils/op_correction_info.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace aliasguard::utils {
+
+OpCorrectionInfo op_correction_info(const c10::OperatorHandle& op) {
+  OpCorrectionInfo info;
+  info.analysis = schema_alias_analysis(op);
+  info.has_inplace_or_view_kernel =
+      op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+  info.view_may_be_a_copy = !info.has_inplace_or_view_kernel &&
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  const SchemaAliasAnalysis& analysis = *info.analysis;
+  const auto& returns = analysis.returns();
+  const auto sole = analysis.sole_tensor_argument();
+  if (returns.size() == 1 && returns[0].kind == ReturnAliasKind::kView &&
+      !returns[0].is_list && sole == returns[0].argument &&
+      !analysis.argument_is_kwarg_only(*sole)) {
+    info.sole_view_argument = sole;
+  }
+  if (info.has_inplace_or_view_kernel) {
+    info.write_counting = WriteCounting::kOuterKernelBumps;
+  } else if (returns.empty()) {
+    info.write_counting = WriteCounting::kBumpUnmoved;
+  }
+  return info;
+}
+
+} // namespace aliasguard::utils

@@ -1,0 +1,122 @@
+#include <torch/csrc/utils/tracked_dispatch_body.h>
+
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+namespace aliasguard::utils {
+
+// Note [Tracked __torch_dispatch__ bodies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The ADInplaceOrView kernel above the Python key runs its op under
+// AutoDispatchBelowADInplaceOrView, so a __torch_dispatch__ body runs with
+// ADInplaceOrView excluded: views made there are plain aliases with fresh
+// counters, in-place ops there bump nothing, and a tensor cached there (the
+// upstream report, selective checkpointing) misses every later mutation. The
+// corrected wrapper re-enables the key for the body, as track_views() does,
+// so those ops run their ADInplaceOrView kernels again (as_view,
+// increment_version); autograd stays excluded. Only when the key was
+// excluded on entry: otherwise the body already runs as stock.
+//
+// Two consequences need handling, both decided by TrackedDispatchBody because
+// only the wrapper sees the body from the outside:
+//   * views the body returns now carry view metadata, which the outer
+//     kernel's as_view refuses: see Note [Views returned from below
+//     autograd];
+//   * an in-place op through a mode or subclass would be counted twice: once
+//     by the body (the op's own ADInplaceOrView kernel, reached again when
+//     the body calls func, or any write the body makes to the same memory)
+//     and once by the outer kernel. See
+//     Note [One bump per write through __torch_dispatch__].
+// Automatic tracking depends on the correction to hand views back to the
+// outer kernel, so a class or process without correction has no automatic
+// tracking either.
+
+// Note [One bump per write through __torch_dispatch__]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At top level an in-place op bumps each argument it writes once. For ops
+// with an ADInplaceOrView kernel that bump is made by the kernel, after the
+// op returned, above the Python key; the kernel keeps that role: before the
+// body runs we remember the version of every argument the schema marks
+// written (Tensor(a!), returned or not), and when the body returns normally
+// we take one bump back from each counter that moved, the one the body's own
+// call of the op made, so the outer kernel's bump counts the op once and
+// counts equal stock's. A body that writes an argument more than once keeps
+// the other bumps: setting the counter all the way back would let a version
+// recorded between two writes (a cache made in the body, a view's
+// attr_version) match again after the outer bump, hiding a real write. Stock
+// counts such a body's writes not at all (they run below ADInplaceOrView);
+// that difference is listed in docs/design.md. Avoiding the inner bump
+// instead would mean excluding ADInplaceOrView for exactly the body's call of
+// the same op on the same arguments, which the wrapper cannot single out (the
+// body may unwrap, redispatch or write through a view).
+// Ops without such a kernel that return nothing but write arguments (the
+// _foreach_*_ family) are counted at top level by the in-place ops their
+// backend kernel runs, which a body below ADInplaceOrView never reaches for a
+// wrapper argument (its inner tensors are written instead) and stock never
+// counts there at all: for those, a written argument whose counter did not
+// move is bumped once, so a mode and a wrapper count what top level counts.
+// An op without such a kernel that writes an argument beside its returns
+// (batch norm's running statistics) is left as the body counted it: top level
+// counts nothing for it either. Only the counters of written arguments are
+// touched: a write the body made to anything else is real and stays counted.
+// When the body raises nothing is settled: no outer bump follows, and a
+// write made before the exception must stay visible. Counters move only
+// through VariableVersion's public bump and set_version (the setter behind
+// torch's _unsafe_set_version_counter), in aliasguard::WrittenVersions.
+
+TrackedDispatchBody::TrackedDispatchBody(
+    const void* op,
+    const OpCorrectionInfo* info,
+    bool correct,
+    bool tracking_allowed) {
+  body_.op = op;
+  if (!correct) {
+    return; // untracked, uncorrected: stock
+  }
+  // Inference mode excludes ADInplaceOrView too, but then no kernel above
+  // runs, and stock makes plain aliases: the body runs as stock.
+  const bool below = c10::impl::tls_is_dispatch_key_excluded(
+                         c10::DispatchKey::ADInplaceOrView) &&
+      !c10::InferenceMode::is_enabled();
+  body_.tracked = below && tracking_allowed;
+  options_.tracked = body_.tracked;
+  if (info == nullptr) {
+    return;
+  }
+  options_.outer_kernel_marks_views = below && info->has_inplace_or_view_kernel;
+  options_.view_may_be_a_copy = info->view_may_be_a_copy;
+  body_.outer_kernel_marks_views = options_.outer_kernel_marks_views;
+  write_counting_ = info->write_counting;
+  wants_written_ = below && write_counting_ != WriteCounting::kAsCounted &&
+      !info->analysis->written_arguments().empty();
+}
+
+// See Note [One bump per write through __torch_dispatch__]
+void TrackedDispatchBody::settle() {
+  if (written_.empty()) {
+    return;
+  }
+  if (write_counting_ == WriteCounting::kOuterKernelBumps) {
+    written_.undo_one_bump();
+  } else if (write_counting_ == WriteCounting::kBumpUnmoved) {
+    written_.bump_unmoved();
+  }
+}
+
+// See Note [Where a __torch_dispatch__ body runs]
+CorrectionOptions explicit_correction_options(
+    const void* op,
+    const OpCorrectionInfo& info) {
+  const DispatchBody& body = current_dispatch_body();
+  CorrectionOptions options;
+  if (body.op == op) {
+    options.outer_kernel_marks_views = body.outer_kernel_marks_views;
+    options.tracked =
+        body.outer_kernel_marks_views && autograd::is_view_tracking_enabled();
+  }
+  options.view_may_be_a_copy = info.view_may_be_a_copy;
+  options.strict = true;
+  return options;
+}
+
+} // namespace aliasguard::utils
