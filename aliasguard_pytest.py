@@ -20,6 +20,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     if any(option.names() == ["--aliasguard-audit"] for option in group.options):
         return  # both the entry point and `-p aliasguard.pytest_plugin` are loaded
     # Note [The audit option takes no separate value]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     # A flag whose value is optional (nargs="?") takes the next word as its
     # value, so `--aliasguard-audit tests/` would read "tests/" as the mode.
     # `--aliasguard-audit` is therefore a plain flag, and each mode is an

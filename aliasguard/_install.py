@@ -285,8 +285,8 @@ def uninstall() -> None:
     ``__init_subclass__`` of ``torch.Tensor`` and ``TorchDispatchMode`` is
     as it was, ``torch.mark_as_view`` is gone (or what it was before), alias
     correction is off, the audit has no reporter, ``aten::detach`` has
-    stock torch's kernels and the kernels that mark views made in tracked
-    bodies are gone. A ``__torch_dispatch__`` or ``__init_subclass__``
+    stock torch's kernels, and the kernels that mark views made in tracked
+    bodies and those of the checkpoint's fast path are gone. A ``__torch_dispatch__`` or ``__init_subclass__``
     replaced by someone else after install is left as they set it.
     :func:`aliasguard.mark_as_view`, :func:`aliasguard.track_views` and
     :func:`aliasguard.correct_aliasing` keep working; :func:`aliasguard.audit`
@@ -324,6 +324,8 @@ def uninstall() -> None:
         # Registered on the first tracked body; a later track_views() scope
         # registers them again.
         _C._release_tracked_view_kernels()
+        # Registered on the first list-policy checkpoint; kept until here.
+        _C._sac_fast_release_kernels()
 
 
 # --- threading.Thread._bootstrap_inner -----------------------------------------

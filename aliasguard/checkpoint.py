@@ -56,15 +56,8 @@ the forward pass on torch 2.13 and 2.14), ``respect_saved_tensors_hooks``
 (torch 2.14 on; refused with a clear error before), and whether ops with
 ordered side effects are kept whatever the policy says.
 
-Note [SAC under torch.compile]: when AOTAutograd traces the checkpointed
-region (``torch.compile``, including ``fullgraph=True``, or export),
-:func:`create_selective_checkpoint_contexts` returns torch's own contexts for
-the same policy. There the policy is not a runtime cache but a tag on every
-traced node that the partitioner honours, so the compiled graph saves exactly
-what torch's SAC saves; the mutation checks do not apply (torch warns that
-the region must not mutate), as there is no cache to mutate. The policy
-function's results are checked as in eager mode (a numpy bool is a bool,
-anything else that is not a policy raises :class:`CheckpointPolicyError`).
+Under ``torch.compile`` the contexts are torch's own (see Note [SAC under
+torch.compile] below).
 
 ``Tensor.data`` stays the escape hatch: it returns an alias with a fresh
 version counter, so writes through it are neither refused nor detected, and
@@ -72,6 +65,18 @@ the recompute uses the written values. Use it only when that is what you want.
 """
 
 from __future__ import annotations
+
+# Note [SAC under torch.compile]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# When AOTAutograd traces the checkpointed
+# region (``torch.compile``, including ``fullgraph=True``, or export),
+# :func:`create_selective_checkpoint_contexts` returns torch's own contexts for
+# the same policy. There the policy is not a runtime cache but a tag on every
+# traced node that the partitioner honours, so the compiled graph saves exactly
+# what torch's SAC saves; the mutation checks do not apply (torch warns that
+# the region must not mutate), as there is no cache to mutate. The policy
+# function's results are checked as in eager mode (a numpy bool is a bool,
+# anything else that is not a policy raises :class:`CheckpointPolicyError`).
 
 import functools
 import os
@@ -520,10 +525,9 @@ class _FastForwardContext:
 
     def cached_entries(self) -> List[Tuple[Any, Any, str]]:
         """``(op, cached outputs or None once used, "file:line")`` per cached op call."""
-        entries = []
-        for name, value, site in _C._sac_fast_entries(self._state):
-            if value is not None and len(value) == 1:
-                value = value[0]
+        entries: List[Tuple[Any, Any, str]] = []
+        for name, outputs, site in _C._sac_fast_entries(self._state):
+            value: Any = outputs[0] if outputs is not None and len(outputs) == 1 else outputs
             entries.append((self._ops[name], value, site))
         return entries
 

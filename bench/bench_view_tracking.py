@@ -1,4 +1,4 @@
-"""Issue 9 benchmark: what automatic view tracking adds per op.
+"""What automatic view tracking adds per op.
 
 Per-op time of a view op (``x.view(-1)``), an in-place op (``x.mul_(1.0)``)
 and a functional op (``x.neg()``), each through a pass-through

@@ -18,7 +18,7 @@ modes):
   counted as regressions.
 
 Per-test outcomes come from pytest's JUnit XML. The report lists, per file, how
-many tests passed in each mode, then the two lists that matter (issue 8, item 7):
+many tests passed in each mode, then the two lists that matter:
 
 * tests that pass stock and do not pass with aliasguard imported;
 * tests that pass with aliasguard imported and do not pass under ``audit()``.

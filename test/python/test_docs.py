@@ -150,18 +150,7 @@ def test_brace_expansion():
 
 # Findings in files this test's author does not own, as (path, kind, text in
 # the message). Line numbers are left out: they move with unrelated edits.
-OPEN_ELSEWHERE = [
-    # Notes referred to but not written as a definition (a "// Note [Name]" or
-    # "# Note [Name]" line followed by a "~~~" line).
-    ("aliasguard/__init__.py", "note", "Note [Refuse a build for another torch]"),
-    ("aliasguard/_loader.py", "note", "Note [Refuse a build for another torch]"),
-    ("aliasguard/checkpoint.py", "note", "Note [SAC under torch.compile]"),
-    ("test/python/test_checkpoint_compile.py", "note", "Note [SAC under torch.compile]"),
-    ("aliasguard_pytest.py", "note", "Note [The audit option takes no separate value]"),
-    # Tracker numbers.
-    ("bench/bench_view_tracking.py", "tracker", ""),
-    ("tools/run_upstream_suites.py", "tracker", ""),
-]
+OPEN_ELSEWHERE: list[tuple[str, str, str]] = []
 
 
 def _matches(finding, known) -> bool:
