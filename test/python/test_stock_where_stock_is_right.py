@@ -349,3 +349,53 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+# --- a kernel's own calls are not the body's ---------------------------------------------------
+
+
+def test_fresh_outputs_keep_stocks_version_under_a_mode():
+    from aliasguard.testing import PassThroughMode
+
+    x = torch.randn(4, 4, requires_grad=True)
+    with PassThroughMode():
+        outs = [x.abs(), x.diag(), torch.linalg.cholesky(x @ x.mT + torch.eye(4))]
+    # abs, diag and cholesky fill their result through out= calls of their own.
+    assert [o._version for o in outs] == [0, 0, 0]
+
+
+def test_outputs_of_fresh_returning_ops_are_not_views_under_a_mode():
+    from aliasguard.testing import PassThroughMode
+
+    x = torch.randn(4, 3, requires_grad=True)
+    with PassThroughMode():
+        pieces = x.unsafe_chunk(2)
+    assert not pieces[0]._is_view()
+    pieces[0].mul_(2)  # stock allows it: not a view of a leaf
+    pieces[0].sum().backward()
+    torch.testing.assert_close(x.grad[:2], torch.full((2, 3), 2.0))
+
+
+def test_body_reading_an_outputs_grad_fn_before_keeping_a_view_runs():
+    def save(args, out):
+        out.grad_fn  # noqa: B018 - the read is the point
+        return out.view_as(out)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    mode = SavingMode(aten.select.int, save)
+    with mode:
+        y = x[0].broadcast_to(3, 4)
+    assert y.shape == (3, 4) and y.grad_fn is not None
+
+
+def test_view_kept_from_one_of_several_views_gets_its_gradient():
+    mode = SavingMode(aten.sin.default, lambda args, out: out.split(2)[0])
+    x = torch.randn(4, 3, requires_grad=True)
+    with mode:
+        b = x.sin()
+    kept = mode.saved[0]
+    assert kept._base is b and kept.grad_fn is not None
+    (kept * 2).sum().backward()
+    expected = torch.zeros(4, 3)
+    expected[:2] = 2 * x.detach()[:2].cos()
+    torch.testing.assert_close(x.grad, expected)

@@ -11,25 +11,40 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace aliasguard::autograd {
 namespace {
 
 constexpr c10::DispatchKey kMarkerKey = internals::kTrackedViewsDispatchKey;
+constexpr c10::DispatchKeySet kInplaceOrView(c10::DispatchKey::ADInplaceOrView);
 
-// Tracked scopes open on this thread that turned the marker key on.
-thread_local size_t marking_scopes = 0;
+using WeakTensorImpl =
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
-void mark_if_made_below_autograd(const at::Tensor& tensor) {
+// One open tracked scope of this thread: where its views start in
+// `views_made`, and the marker key's state to restore at its end.
+struct OpenScope {
+  size_t first_view;
+  bool marker_was_included;
+  bool marker_was_excluded;
+};
+
+// Views made in this thread's open tracked scopes, innermost last, and the
+// scopes themselves. Weak: a view the body dropped needs nothing.
+thread_local std::vector<WeakTensorImpl> views_made;
+thread_local std::vector<OpenScope> open_scopes;
+
+// See Note [Views made below autograd build their grad_fn from their base]
+void remember_if_made_below_autograd(const at::Tensor& tensor) {
   if (tensor.defined() &&
       internals::autograd_meta_kind(tensor) ==
           internals::AutogradMetaKind::kView) {
-    internals::mark_view_grad_fn_stale(tensor);
+    views_made.emplace_back(tensor.getIntrusivePtr());
   }
 }
 
-// See Note [Views made below autograd build their grad_fn from their base]
-void mark_view_returns(
+void remember_view_returns(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet dispatch_keys,
     torch::jit::Stack* stack) {
@@ -41,19 +56,33 @@ void mark_view_returns(
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
     const c10::IValue& value = (*stack)[i];
     if (value.isTensor()) {
-      mark_if_made_below_autograd(value.toTensor());
+      remember_if_made_below_autograd(value.toTensor());
     } else if (value.isTensorList()) {
       for (const at::Tensor& tensor : value.toTensorList()) {
-        mark_if_made_below_autograd(tensor);
+        remember_if_made_below_autograd(tensor);
       }
     }
   }
 }
 
+// See Note [A kernel's own calls are not the body's]
+void run_kernel_untracked(
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet dispatch_keys,
+    torch::jit::Stack* stack) {
+  const c10::impl::ExcludeDispatchKeyGuard untracked(
+      kInplaceOrView | c10::DispatchKeySet(kMarkerKey));
+  op.redispatchBoxed(
+      (dispatch_keys &
+       c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kMarkerKey)) -
+          kInplaceOrView,
+      stack);
+}
+
 struct MarkerKernels {
   std::mutex mutex;
   std::atomic<bool> registered{false};
-  std::unique_ptr<torch::Library> fallthrough;
+  std::unique_ptr<torch::Library> fallback;
   std::map<std::string, std::unique_ptr<torch::Library>> by_namespace;
 };
 
@@ -64,12 +93,22 @@ MarkerKernels& marker_kernels() {
 }
 [[maybe_unused]] const MarkerKernels& kernels_at_load = marker_kernels();
 
-bool is_view_op(const c10::OperatorHandle& op) {
-  if (!op.hasSchema() ||
-      !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
-    return false;
+enum class BodyCall : uint8_t {
+  kView, // an ADInplaceOrView kernel makes views: remember them
+  kThrough, // its own ADInplaceOrView kernel, or a composite: as called
+  kKernel, // an opaque kernel: run it untracked (the fallback)
+};
+
+BodyCall body_call_of(const c10::OperatorHandle& op) {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
+    return utils::schema_alias_analysis(op)->has_view_returns()
+        ? BodyCall::kView
+        : BodyCall::kThrough;
   }
-  return utils::schema_alias_analysis(op)->has_view_returns();
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    return BodyCall::kThrough;
+  }
+  return BodyCall::kKernel;
 }
 
 void register_marker_kernels() {
@@ -81,19 +120,19 @@ void register_marker_kernels() {
   if (kernels.registered.load(std::memory_order_relaxed)) {
     return;
   }
-  // Every op without a kernel of ours passes the key by, as if it were not
-  // in the dispatch key set.
-  kernels.fallthrough = std::make_unique<torch::Library>(
+  kernels.fallback = std::make_unique<torch::Library>(
       torch::Library::IMPL, "_", kMarkerKey, __FILE__, __LINE__);
-  kernels.fallthrough->fallback(torch::CppFunction::makeFallthrough());
+  kernels.fallback->fallback(
+      torch::CppFunction::makeFromBoxedFunction<&run_kernel_untracked>());
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     const auto op = dispatcher.findOp(name);
-    if (!op.has_value() || !is_view_op(*op)) {
+    if (!op.has_value() || !op->hasSchema()) {
       continue;
     }
+    const BodyCall call = body_call_of(*op);
     const auto separator = name.name.find("::");
-    if (separator == std::string::npos) {
+    if (call == BodyCall::kKernel || separator == std::string::npos) {
       continue;
     }
     const std::string ns = name.name.substr(0, separator);
@@ -108,14 +147,42 @@ void register_marker_kernels() {
     }
     library->impl(
         qualified.c_str(),
-        torch::CppFunction::makeFromBoxedFunction<&mark_view_returns>());
+        call == BodyCall::kView ? torch::CppFunction::makeFromBoxedFunction<
+                                      &remember_view_returns>()
+                                : torch::CppFunction::makeFallthrough());
   }
   kernels.registered.store(true, std::memory_order_release);
 }
 
-void set_marker_key(bool on) {
-  c10::impl::tls_set_dispatch_key_excluded(kMarkerKey, !on);
-  c10::impl::tls_set_dispatch_key_included(kMarkerKey, on);
+void set_marker_key(bool included, bool excluded) {
+  c10::impl::tls_set_dispatch_key_excluded(kMarkerKey, excluded);
+  c10::impl::tls_set_dispatch_key_included(kMarkerKey, included);
+}
+
+// The views this scope made that are still alive: their grad_fn is built from
+// their base from now on.
+void mark_views_made_since(size_t first) {
+  for (size_t i = first; i < views_made.size(); ++i) {
+    const c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl =
+        views_made[i].lock();
+    if (impl) {
+      const at::Tensor view(impl);
+      if (internals::autograd_meta_kind(view) !=
+          internals::AutogradMetaKind::kView) {
+        continue; // dropped by a correction, or given a graph meanwhile
+      }
+      if (internals::let_view_grad_fn_be_rebuilt(view)) {
+        internals::mark_view_grad_fn_stale(view);
+      } else {
+        // Autograd would refuse to rebuild it: a plain alias that shares
+        // the counter, as stock makes it, plus the counter.
+        impl->set_autograd_meta(nullptr);
+      }
+    }
+  }
+  views_made.erase(
+      views_made.begin() + static_cast<std::ptrdiff_t>(first),
+      views_made.end());
 }
 
 } // namespace
@@ -126,11 +193,13 @@ bool enable_view_tracking() {
       c10::DispatchKey::ADInplaceOrView);
   if (was_excluded) {
     register_marker_kernels();
+    open_scopes.push_back(
+        {views_made.size(),
+         c10::impl::tls_is_dispatch_key_included(kMarkerKey),
+         c10::impl::tls_is_dispatch_key_excluded(kMarkerKey)});
     c10::impl::tls_set_dispatch_key_excluded(
         c10::DispatchKey::ADInplaceOrView, false);
-    if (marking_scopes++ == 0) {
-      set_marker_key(true);
-    }
+    set_marker_key(/*included=*/true, /*excluded=*/false);
   }
   return was_excluded;
 }
@@ -138,8 +207,11 @@ bool enable_view_tracking() {
 void restore_view_tracking(bool was_excluded) {
   c10::impl::tls_set_dispatch_key_excluded(
       c10::DispatchKey::ADInplaceOrView, was_excluded);
-  if (was_excluded && marking_scopes > 0 && --marking_scopes == 0) {
-    set_marker_key(false);
+  if (was_excluded && !open_scopes.empty()) {
+    const OpenScope scope = open_scopes.back();
+    open_scopes.pop_back();
+    set_marker_key(scope.marker_was_included, scope.marker_was_excluded);
+    mark_views_made_since(scope.first_view);
   }
 }
 
@@ -152,7 +224,7 @@ void release_tracked_view_kernels() {
   MarkerKernels& kernels = marker_kernels();
   const std::lock_guard<std::mutex> lock(kernels.mutex);
   kernels.by_namespace.clear();
-  kernels.fallthrough.reset();
+  kernels.fallback.reset();
   kernels.registered.store(false, std::memory_order_release);
 }
 

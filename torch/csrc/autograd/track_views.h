@@ -28,17 +28,40 @@ namespace aliasguard::autograd {
 // Left alone, a view made in a tracked scope reports requires_grad (its base
 // requires grad) with grad_fn None: a leaf of the graph in all but name, so a
 // backward through it fills nobody's .grad and no error says so. An in-tree
-// ADInplaceOrView would let as_view record a stale attr_version when
-// autograd is excluded; we do the same from outside: while a tracked scope is
-// open, a kernel on a borrowed dispatch key just above ADInplaceOrView runs
-// for every view op (those with an ADInplaceOrView kernel and a view return),
-// redispatches, and marks each view return that has view metadata and no
-// grad_fn as stale (internals::mark_view_grad_fn_stale). The first grad_fn()
-// read after its base requires grad then builds the view's grad_fn from the
-// base's history, as for any view whose base was written: the gradient
-// reaches the base. Every other op falls through the key at no cost, and the
-// key is in the thread's dispatch state only while a scope is open. See
-// Note [The tracked views' dispatch key] for the key.
+// ADInplaceOrView would let such a view know its grad_fn is yet to be built;
+// we do it from outside: while a tracked scope is open, a kernel on a
+// borrowed dispatch key just above ADInplaceOrView runs for every view op
+// (those with an ADInplaceOrView kernel and a view return), redispatches, and
+// remembers (weakly) each view return that has view metadata and no grad_fn.
+// When the scope ends, those still alive are marked stale
+// (internals::mark_view_grad_fn_stale): the first grad_fn() read once their
+// base requires grad builds their grad_fn from the base's history, as for
+// any view whose base was written, and the gradient reaches the base.
+// Marking at the end rather than at once keeps the body's own reads as
+// stock: a view the body reads and returns has no grad_fn yet, so the
+// correction can hand it back to the kernel above (Note [Views returned from
+// below autograd]). One of several views of one op (chunk, split) is made a
+// DEFAULT view first: autograd refuses to rebuild the grad_fn of such views
+// because theirs is the op's shared node, but one made below autograd has
+// none, and its rebuilt grad_fn is its own. A view made in no-grad or
+// inference mode cannot be rebuilt at all; it loses its view metadata and
+// stays what stock makes it, a plain alias that does not require grad,
+// except that it keeps the shared counter. See Note [The
+// tracked views' dispatch key] for the key.
+
+// Note [A kernel's own calls are not the body's]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Above a __torch_dispatch__, the autograd kernel runs the op's kernel with
+// ADInplaceOrView excluded, so whatever the kernel calls (abs writing its
+// result through abs.out, unsafe_split slicing with split) is never tracked.
+// A tracked scope re-enables the key for the ops the body calls, and must not
+// for the ops their kernels call: the same borrowed key's fallback runs every
+// op whose kernel is opaque (no ADInplaceOrView kernel of its own, no
+// CompositeImplicitAutograd decomposition) with ADInplaceOrView and the key
+// excluded, as the autograd kernel would. View and in-place ops exclude it
+// below themselves in their own ADInplaceOrView kernels; composites pass the
+// key by (their decomposition is the body's code). A fresh output thus ends
+// with the version stock gives it.
 
 // Re-enables ADInplaceOrView for the calling thread and returns whether it was
 // excluded before; hand that value to restore_view_tracking. Scopes nest and

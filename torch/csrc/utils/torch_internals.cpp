@@ -29,9 +29,29 @@ void make_differentiable_view_in_place(
   TORCH_INTERNAL_ASSERT(marked.is_same(tensor));
 }
 
+bool let_view_grad_fn_be_rebuilt(const at::Tensor& tensor) {
+  using torch::autograd::CreationMeta;
+  auto* view_meta = torch::autograd::impl::get_view_autograd_meta(tensor);
+  if (view_meta == nullptr || !view_meta->has_bw_view()) {
+    return false;
+  }
+  // One of several views of one op: autograd forbids rebuilding its grad_fn
+  // because that grad_fn would be the op's shared node. A view made below
+  // autograd has no grad_fn at all, so the rebuilt one is its own.
+  if (view_meta->get_creation_meta() == CreationMeta::MULTI_OUTPUT_NODE) {
+    view_meta->set_creation_meta(CreationMeta::DEFAULT);
+  }
+  return view_meta->get_creation_meta() == CreationMeta::DEFAULT;
+}
+
 void mark_view_grad_fn_stale(const at::Tensor& tensor) {
   auto* view_meta = torch::autograd::impl::get_view_autograd_meta(tensor);
-  if (view_meta != nullptr && view_meta->has_bw_view()) {
+  // Autograd refuses to rebuild the grad_fn of a view made in another mode
+  // (several views of one op, no-grad mode, a custom Function): it would
+  // raise on the first read.
+  if (view_meta != nullptr && view_meta->has_bw_view() &&
+      view_meta->get_creation_meta() ==
+          torch::autograd::CreationMeta::DEFAULT) {
     view_meta->set_attr_version(static_cast<uint32_t>(tensor._version()) - 1u);
   }
 }

@@ -89,8 +89,17 @@ ALIASGUARD_API void make_differentiable_view_in_place(
     torch::autograd::CreationMeta creation_meta);
 
 // Makes autograd rebuild the grad_fn of backward-differentiable view
-// `tensor` from its base the next time it is read.
+// `tensor` from its base the next time it is read; views made with another
+// creation meta than DEFAULT are left alone (autograd would refuse).
 ALIASGUARD_API void mark_view_grad_fn_stale(const at::Tensor& tensor);
+
+// Makes backward-differentiable view `tensor`, made below autograd (no
+// grad_fn), one whose grad_fn autograd will rebuild from its base: a view
+// made in DEFAULT creation mode already is; one of several views of one op
+// (MULTI_OUTPUT_NODE) becomes one, since its rebuilt grad_fn is its own.
+// False for the rest (no-grad or inference mode, a custom Function), which
+// autograd refuses to rebuild.
+ALIASGUARD_API bool let_view_grad_fn_be_rebuilt(const at::Tensor& tensor);
 
 // Note [Autograd metadata of a tensor made below autograd]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
