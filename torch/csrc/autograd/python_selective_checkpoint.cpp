@@ -170,11 +170,7 @@ const OpInfo& op_info(PyObject* func) {
     throw python_error();
   }
   if (is_overload == 1) {
-    info->call =
-        py::reinterpret_steal<py::object>(PyObject_GetAttrString(func, "_op"));
-    if (!info->call) {
-      throw python_error();
-    }
+    info->call = internals::operator_callable_of(func);
     read_schema(*info);
   } else {
     info->call = info->func; // a higher-order op: no schema, treated as pure
@@ -242,45 +238,11 @@ SacState* state_of_mode(PyObject* mode) {
 
 // The innermost frame outside torch and aliasguard: (code, line).
 std::pair<py::object, int> user_frame() {
-  const auto& prefixes = config().library_prefixes;
-  PyFrameObject* frame = PyEval_GetFrame(); // borrowed
-  Py_XINCREF(frame);
-  while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame); // new reference
-    Py_ssize_t size = 0;
-    const char* filename = PyUnicode_AsUTF8AndSize(code->co_filename, &size);
-    if (filename == nullptr) {
-      PyErr_Clear();
-      size = 0;
-    }
-    const std::string_view name(filename == nullptr ? "" : filename, size);
-    bool library = false;
-    for (const auto& prefix : prefixes) {
-      library = library || name.substr(0, prefix.size()) == prefix;
-    }
-    if (!library) {
-      const int line = PyFrame_GetLineNumber(frame);
-      Py_DECREF(frame);
-      return {
-          py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(code)),
-          line};
-    }
-    Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(frame); // new reference
-    Py_DECREF(frame);
-    frame = back;
-  }
-  return {py::none(), 0};
+  return internals::innermost_user_frame(config().library_prefixes);
 }
 
 std::string location(const EntryValue& entry) {
-  if (entry.code.is_none()) {
-    return "<unknown>";
-  }
-  auto* code = reinterpret_cast<PyCodeObject*>(entry.code.ptr());
-  return py::reinterpret_borrow<py::object>(code->co_filename)
-             .cast<std::string>() +
-      ":" + std::to_string(entry.line);
+  return internals::code_location(entry.code, entry.line);
 }
 
 bool is_tensor(PyObject* obj) {
@@ -441,16 +403,11 @@ bool policy_saves(
     return info.has_effects &&
         state.effect_overridden(cfg.prefer_recompute.ptr());
   }
-  // A SelectiveCheckpointContext without running its Python __init__.
-  py::object ctx = py::reinterpret_steal<py::object>(PyBaseObject_Type.tp_new(
-      reinterpret_cast<PyTypeObject*>(cfg.context_type.ptr()),
-      py::tuple().ptr(),
-      nullptr));
-  if (!ctx ||
-      PyObject_SetAttr(ctx.ptr(), cfg.is_recompute_name.ptr(), Py_False) < 0 ||
-      PyObject_SetAttr(ctx.ptr(), cfg.op_output_name.ptr(), out) < 0) {
-    throw python_error();
-  }
+  py::object ctx = internals::new_checkpoint_context(
+      cfg.context_type.ptr(),
+      cfg.is_recompute_name.ptr(),
+      cfg.op_output_name.ptr(),
+      out);
   const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
   py::object call_args =
       py::reinterpret_steal<py::object>(PyTuple_New(num_args + 2));

@@ -1,6 +1,6 @@
 #include <torch/csrc/autograd/storage_alias.h>
+#include <torch/csrc/utils/torch_internals.h>
 
-#include <ATen/EmptyTensor.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/safe_numerics.h>
 
@@ -24,7 +24,8 @@ namespace aliasguard::autograd {
 //     other layouts have no storage (sparse) or would misread it;
 //   * a real storage must hold every element the tensor can address. The
 //     bound is computed on int64 with checked multiplication: the SymInt
-//     overload of at::detail::computeStorageNbytes does not detect overflow,
+//     computation (See Note [Storage bytes of symbolic sizes]) does not
+//     detect overflow,
 //     so a stride of 2**62 wraps around to a small, "valid" size. Symbolic
 //     sizes (tracing) are compared symbolically, as the SymInt path does.
 // Differentiable views add dtype and layout rules: autograd replays a view
@@ -62,7 +63,7 @@ std::optional<std::string> bounds_problem(
   const auto available = storage.sym_nbytes().maybe_as_int();
   if (!sizes || !strides || !offset || !available) {
     // Tracing with symbolic shapes: no data is read, compare symbolically.
-    const c10::SymInt needed = at::detail::computeStorageNbytes(
+    const c10::SymInt needed = internals::symbolic_storage_nbytes(
         impl->sym_sizes(),
         impl->sym_strides(),
         impl->dtype().itemsize(),

@@ -1,7 +1,6 @@
 #include <torch/csrc/autograd/track_views.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
 #include <torch/csrc/utils/torch_internals.h>
 #include <torch/library.h>
@@ -155,8 +154,8 @@ void register_marker_kernels() {
 }
 
 void set_marker_key(bool included, bool excluded) {
-  c10::impl::tls_set_dispatch_key_excluded(kMarkerKey, excluded);
-  c10::impl::tls_set_dispatch_key_included(kMarkerKey, included);
+  internals::set_dispatch_key_excluded(kMarkerKey, excluded);
+  internals::set_dispatch_key_included(kMarkerKey, included);
 }
 
 // The views this scope made that are still alive: their grad_fn is built from
@@ -189,15 +188,15 @@ void mark_views_made_since(size_t first) {
 
 // See Note [Tracking views below autograd]
 bool enable_view_tracking() {
-  const bool was_excluded = c10::impl::tls_is_dispatch_key_excluded(
-      c10::DispatchKey::ADInplaceOrView);
+  const bool was_excluded =
+      internals::is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
   if (was_excluded) {
     register_marker_kernels();
     open_scopes.push_back(
         {views_made.size(),
-         c10::impl::tls_is_dispatch_key_included(kMarkerKey),
-         c10::impl::tls_is_dispatch_key_excluded(kMarkerKey)});
-    c10::impl::tls_set_dispatch_key_excluded(
+         internals::is_dispatch_key_included(kMarkerKey),
+         internals::is_dispatch_key_excluded(kMarkerKey)});
+    internals::set_dispatch_key_excluded(
         c10::DispatchKey::ADInplaceOrView, false);
     set_marker_key(/*included=*/true, /*excluded=*/false);
   }
@@ -205,7 +204,7 @@ bool enable_view_tracking() {
 }
 
 void restore_view_tracking(bool was_excluded) {
-  c10::impl::tls_set_dispatch_key_excluded(
+  internals::set_dispatch_key_excluded(
       c10::DispatchKey::ADInplaceOrView, was_excluded);
   if (was_excluded && !open_scopes.empty()) {
     const OpenScope scope = open_scopes.back();
@@ -216,7 +215,7 @@ void restore_view_tracking(bool was_excluded) {
 }
 
 bool is_view_tracking_enabled() {
-  return !c10::impl::tls_is_dispatch_key_excluded(
+  return !internals::is_dispatch_key_excluded(
       c10::DispatchKey::ADInplaceOrView);
 }
 

@@ -1,7 +1,6 @@
 #include <torch/csrc/utils/alias_audit.h>
 
 #include <c10/core/VersionCounterUtils.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/storage_alias.h>
 #include <torch/csrc/utils/torch_internals.h>
@@ -433,7 +432,7 @@ void audit_inner_view(
 }
 
 bool is_alias_audit_enabled() {
-  return c10::impl::tls_is_dispatch_key_included(internals::kAuditDispatchKey);
+  return internals::is_dispatch_key_included(internals::kAuditDispatchKey);
 }
 
 } // namespace aliasguard::utils

@@ -1,7 +1,6 @@
 #include <torch/csrc/utils/alias_audit.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/utils/torch_internals.h>
 
@@ -202,8 +201,7 @@ void enter_alias_audit(bool check_kernels) {
     ++kernel_audit_scopes;
   }
   if (audit_depth++ == 0) {
-    c10::impl::tls_set_dispatch_key_included(
-        internals::kAuditDispatchKey, true);
+    internals::set_dispatch_key_included(internals::kAuditDispatchKey, true);
   }
 }
 
@@ -222,8 +220,7 @@ void exit_alias_audit(bool check_kernels) {
     } while (!kernel_audit_scopes.compare_exchange_weak(open, open - 1));
   }
   if (--audit_depth == 0) {
-    c10::impl::tls_set_dispatch_key_included(
-        internals::kAuditDispatchKey, false);
+    internals::set_dispatch_key_included(internals::kAuditDispatchKey, false);
     watched_copies.clear();
   }
   release_alias_audit_fallback();

@@ -1,7 +1,6 @@
 #include <torch/csrc/utils/dispatch_state.h>
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/utils/torch_internals.h>
 
 namespace aliasguard::utils {
 namespace {
@@ -26,19 +25,10 @@ DispatchBodyGuard::~DispatchBodyGuard() {
 
 // See Note [Tracing infrastructure is left alone]
 bool tracing_infrastructure_active() {
-  using c10::impl::TorchDispatchModeKey;
-  using c10::impl::TorchDispatchModeTLS;
-  for (const auto key :
-       {TorchDispatchModeKey::FAKE,
-        TorchDispatchModeKey::PROXY,
-        TorchDispatchModeKey::FUNCTIONAL}) {
-    if (TorchDispatchModeTLS::get_mode(key).has_value()) {
-      return true;
-    }
-  }
   // functorch includes its front key while any transform's layer is pushed.
-  return c10::impl::tls_is_dispatch_key_included(
-      c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+  return internals::any_infrastructure_mode_set() ||
+      internals::is_dispatch_key_included(
+             c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
 }
 
 } // namespace aliasguard::utils

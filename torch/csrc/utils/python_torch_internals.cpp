@@ -1,5 +1,10 @@
 #include <torch/csrc/utils/python_torch_internals.h>
 
+#include <frameobject.h>
+
+#include <string_view>
+#include <utility>
+
 #include <aten/src/ATen/native/DetachKeepVersionCounter.h>
 
 #include <torch/csrc/Exceptions.h>
@@ -67,6 +72,77 @@ std::optional<c10::OperatorName> operator_name_of(PyObject* func) {
   return c10::OperatorName(std::move(*name_text), std::move(*overload_text));
 }
 
+// See Note [Calling an OpOverload's operator directly]
+py::object operator_callable_of(PyObject* func) {
+  py::object call =
+      py::reinterpret_steal<py::object>(PyObject_GetAttrString(func, "_op"));
+  if (!call) {
+    throw python_error();
+  }
+  return call;
+}
+
+// See Note [Walking the Python stack for the user's line]
+std::pair<py::object, int> innermost_user_frame(
+    const std::vector<std::string>& library_prefixes) {
+  PyFrameObject* frame = PyEval_GetFrame(); // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame); // new reference
+    Py_ssize_t size = 0;
+    const char* filename = PyUnicode_AsUTF8AndSize(code->co_filename, &size);
+    if (filename == nullptr) {
+      PyErr_Clear();
+      size = 0;
+    }
+    const std::string_view name(filename == nullptr ? "" : filename, size);
+    bool library = false;
+    for (const auto& prefix : library_prefixes) {
+      library = library || name.substr(0, prefix.size()) == prefix;
+    }
+    if (!library) {
+      const int line = PyFrame_GetLineNumber(frame);
+      Py_DECREF(frame);
+      return {
+          py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(code)),
+          line};
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame); // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  return {py::none(), 0};
+}
+
+std::string code_location(const py::object& code, int line) {
+  if (code.is_none()) {
+    return "<unknown>";
+  }
+  auto* object = reinterpret_cast<PyCodeObject*>(code.ptr());
+  return py::reinterpret_borrow<py::object>(object->co_filename)
+             .cast<std::string>() +
+      ":" + std::to_string(line);
+}
+
+// See Note [A SelectiveCheckpointContext without its __init__]
+py::object new_checkpoint_context(
+    PyObject* context_type,
+    PyObject* is_recompute_name,
+    PyObject* op_output_name,
+    PyObject* op_output) {
+  py::object ctx = py::reinterpret_steal<py::object>(PyBaseObject_Type.tp_new(
+      reinterpret_cast<PyTypeObject*>(context_type),
+      py::tuple().ptr(),
+      nullptr));
+  if (!ctx || PyObject_SetAttr(ctx.ptr(), is_recompute_name, Py_False) < 0 ||
+      (op_output != nullptr &&
+       PyObject_SetAttr(ctx.ptr(), op_output_name, op_output) < 0)) {
+    throw python_error();
+  }
+  return ctx;
+}
+
 std::vector<std::string> python_torch_internals_self_test() {
   std::vector<std::string> problems;
   py::module_ torch = py::module_::import("torch");
@@ -96,6 +172,40 @@ std::vector<std::string> python_torch_internals_self_test() {
     problems.emplace_back(
         "_PyType_Lookup (Note [Class attribute lookup without descriptors]): "
         "does not find torch.Tensor.__torch_dispatch__");
+  }
+  try {
+    py::object call = operator_callable_of(add.ptr());
+    if (!PyCallable_Check(call.ptr())) {
+      throw std::runtime_error("not callable");
+    }
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    problems.emplace_back(
+        "torch._ops.OpOverload._op (Note [Calling an OpOverload's operator "
+        "directly]): torch.ops.aten.add_.Tensor has no callable _op");
+  }
+  try {
+    py::object context_type = py::module_::import("torch.utils.checkpoint")
+                                  .attr("SelectiveCheckpointContext");
+    py::object ctx = new_checkpoint_context(
+        context_type.ptr(),
+        py::str("is_recompute").ptr(),
+        py::str("op_output").ptr(),
+        nullptr);
+    if (ctx.attr("is_recompute").ptr() != Py_False) {
+      throw std::runtime_error("is_recompute not set");
+    }
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    problems.emplace_back(
+        "torch.utils.checkpoint.SelectiveCheckpointContext (Note [A "
+        "SelectiveCheckpointContext without its __init__]): cannot be made "
+        "with object.__new__ and is_recompute");
+  }
+  if (innermost_user_frame({}).first.is_none()) {
+    problems.emplace_back(
+        "PyEval_GetFrame / PyCodeObject::co_filename (Note [Walking the "
+        "Python stack for the user's line]): no Python frame is seen");
   }
   return problems;
 }

@@ -57,6 +57,44 @@ inline bool is_tensor_object(PyObject* obj) {
 // raised while reading the schema propagates as python_error.
 std::optional<c10::OperatorName> operator_name_of(PyObject* func);
 
+// Note [Calling an OpOverload's operator directly]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// OpOverload.__call__ is a Python frame around `self._op(*args, **kwargs)`;
+// `_op` (private) is the torch._C builtin that dispatches the operator. The
+// checkpoint's per-op path calls `_op` to save that frame on every op.
+// Upstream: OpOverload exposing its C callable. New reference; throws
+// python_error when `func` has no `_op`.
+pybind11::object operator_callable_of(PyObject* func);
+
+// Note [Walking the Python stack for the user's line]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Errors name the user's source line: the innermost frame whose file is not
+// under one of `library_prefixes` (torch's and aliasguard's folders).
+// PyEval_GetFrame / PyFrame_GetBack / PyFrame_GetCode are public C API;
+// PyCodeObject::co_filename is a field of a struct outside the stable ABI,
+// read directly because the attribute lookup (the public spelling) would run
+// on every cached op. Upstream: none needed in C++; Python's traceback module
+// does the same walk. Returns the code
+// object (None when every frame is a library's) and the line.
+std::pair<pybind11::object, int> innermost_user_frame(
+    const std::vector<std::string>& library_prefixes);
+// "file:line" of a code object returned above.
+std::string code_location(const pybind11::object& code, int line);
+
+// Note [A SelectiveCheckpointContext without its __init__]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A policy function receives a
+// torch.utils.checkpoint.SelectiveCheckpointContext per op. Its __init__ is a
+// Python frame that sets `is_recompute`; we build the object with
+// object.__new__ and set `is_recompute` (and, where the running torch's
+// policies read it, `op_output`) ourselves. Upstream: a C constructor, or the
+// context passed as a struct. New reference.
+pybind11::object new_checkpoint_context(
+    PyObject* context_type,
+    PyObject* is_recompute_name,
+    PyObject* op_output_name,
+    PyObject* op_output);
+
 // One line per internal above that no longer behaves as relied on.
 std::vector<std::string> python_torch_internals_self_test();
 

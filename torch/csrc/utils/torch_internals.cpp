@@ -1,14 +1,41 @@
 #include <torch/csrc/utils/torch_internals.h>
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/track_views.h>
 
 namespace aliasguard::internals {
+
+// See Note [Torch's infrastructure modes]
+bool any_infrastructure_mode_set() {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  for (const auto key :
+       {TorchDispatchModeKey::FAKE,
+        TorchDispatchModeKey::PROXY,
+        TorchDispatchModeKey::FUNCTIONAL}) {
+    if (TorchDispatchModeTLS::get_mode(key).has_value()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// See Note [Storage bytes of symbolic sizes]
+c10::SymInt symbolic_storage_nbytes(
+    c10::SymIntArrayRef sizes,
+    c10::SymIntArrayRef strides,
+    size_t itemsize,
+    const c10::SymInt& storage_offset) {
+  return at::detail::computeStorageNbytes(
+      sizes, strides, itemsize, storage_offset);
+}
 
 // See Note [Autograd view internals]
 void make_differentiable_view_in_place(
@@ -145,8 +172,8 @@ void check_tracked_views_key(std::vector<std::string>& problems) {
         std::string(name) +
         ": is no longer a functionality key above ADInplaceOrView");
   }
-  if (!c10::impl::tls_is_dispatch_key_excluded(kTrackedViewsDispatchKey) &&
-      !c10::impl::tls_is_dispatch_key_included(kTrackedViewsDispatchKey)) {
+  if (!is_dispatch_key_excluded(kTrackedViewsDispatchKey) &&
+      !is_dispatch_key_included(kTrackedViewsDispatchKey)) {
     problems.push_back(
         std::string(name) + ": is no longer excluded by default");
   }

@@ -2,6 +2,7 @@
 
 #include <c10/core/DispatchKey.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/macros/AliasguardExport.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -67,6 +68,53 @@ constexpr c10::DispatchKey kAuditDispatchKey = c10::DispatchKey::DeferredInit;
 // is excluded.
 constexpr c10::DispatchKey kTrackedViewsDispatchKey =
     c10::DispatchKey::AutocastIPU;
+
+// Note [Thread-local dispatch key state]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every dispatch guard of torch (AutoDispatchBelowADInplaceOrView,
+// ExcludeDispatchKeyGuard, the functorch and autocast switches) is built on
+// the thread-local include/exclude sets of c10/core/impl/LocalDispatchKeySet.h,
+// an impl namespace. We read and flip single keys of them: whether
+// ADInplaceOrView was excluded on entry to a body, re-enabling it for the
+// body, turning the borrowed keys on and off. The RAII guards cannot express
+// "restore exactly what was there" across the two calls of an API that
+// Python pairs (track_views' enable/restore), so the single-key accessors are
+// used. Upstream: a patch in c10 would use them directly, as torch does.
+inline bool is_dispatch_key_excluded(c10::DispatchKey key) {
+  return c10::impl::tls_is_dispatch_key_excluded(key);
+}
+inline bool is_dispatch_key_included(c10::DispatchKey key) {
+  return c10::impl::tls_is_dispatch_key_included(key);
+}
+inline void set_dispatch_key_excluded(c10::DispatchKey key, bool excluded) {
+  c10::impl::tls_set_dispatch_key_excluded(key, excluded);
+}
+inline void set_dispatch_key_included(c10::DispatchKey key, bool included) {
+  c10::impl::tls_set_dispatch_key_included(key, included);
+}
+
+// Note [Torch's infrastructure modes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch keeps its fake, proxy and functional dispatch modes in dedicated
+// slots of the thread's mode state (c10::impl::TorchDispatchModeTLS, an impl
+// class), apart from user modes: set while FakeTensorMode, make_fx or
+// AOTAutograd's functionalization runs, even while a user mode's or
+// subclass's __torch_dispatch__ runs under them. See Note [Tracing
+// infrastructure is left alone]. Upstream: a public "is tracing" query.
+ALIASGUARD_API bool any_infrastructure_mode_set();
+
+// Note [Storage bytes of symbolic sizes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The bytes a tensor's sizes, strides and offset address, when some are
+// symbolic (tracing): at::detail::computeStorageNbytes (ATen/EmptyTensor.h, a
+// detail namespace) computes it on SymInts, as torch's own empty_strided
+// does. Concrete sizes are checked with our own overflow-checked arithmetic
+// (see Note [May a tensor alias a storage]).
+ALIASGUARD_API c10::SymInt symbolic_storage_nbytes(
+    c10::SymIntArrayRef sizes,
+    c10::SymIntArrayRef strides,
+    size_t itemsize,
+    const c10::SymInt& storage_offset);
 
 // Note [Autograd view internals]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

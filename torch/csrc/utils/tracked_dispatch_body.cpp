@@ -1,7 +1,7 @@
 #include <torch/csrc/utils/tracked_dispatch_body.h>
 
 #include <c10/core/InferenceMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/utils/torch_internals.h>
 
 namespace aliasguard::utils {
 
@@ -75,8 +75,8 @@ TrackedDispatchBody::TrackedDispatchBody(
   }
   // Inference mode excludes ADInplaceOrView too, but then no kernel above
   // runs, and stock makes plain aliases: the body runs as stock.
-  const bool below = c10::impl::tls_is_dispatch_key_excluded(
-                         c10::DispatchKey::ADInplaceOrView) &&
+  const bool below =
+      internals::is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) &&
       !c10::InferenceMode::is_enabled();
   body_.tracked = below && tracking_allowed;
   options_.tracked = body_.tracked;
