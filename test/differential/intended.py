@@ -78,6 +78,40 @@ def _saved_view(d: Diff) -> bool:
     return False
 
 
+def _saved_alias_shares_counter(d: Diff) -> bool:
+    # A view_as kept inside __torch_dispatch__ that autograd could not make a view of its own (a view of a
+    # view made in no-grad mode, or of an output that is not a view for autograd): a plain alias, as in
+    # stock, with the counter of the output it was taken from (saved N-1).
+    if d.family != "opdb" or d.variant != "saving" or len(d.path) not in (2, 3):
+        return False
+    if d.path[0] not in ("saved", "saved_versions_after_write"):
+        return False
+    n = int(d.path[1][5:])
+    if n % 2 != 1:
+        return False
+    rec, stock_rec = d.ag_rec["saved"][d.path[1]], d.stock_rec["saved"][d.path[1]]
+    if rec["is_view"] is not False or stock_rec["is_view"] is not False or rec["base"] is not None:
+        return False
+    if d.path[0] == "saved":
+        return d.key == "version" and d.ag == d.ag_rec["saved"][f"saved{n - 1}"]["version"]
+    return d.ag == d.ag_rec["saved_versions_after_write"][f"saved{n - 1}"]
+
+
+def _body_writes_count_inside(d: Diff) -> bool:
+    # Inside a tracked body an in-place op (or one inside a composite op) bumps what it writes, as at top
+    # level; stock counts nothing below ADInplaceOrView. The body's own bump of the op it answers is taken
+    # back when it returns, so the versions seen after the op are stock's (compared elsewhere).
+    if d.family != "opdb" or d.variant not in ("pass", "saving", "datamode"):
+        return False
+    if d.path[:1] != ("inside",) or len(d.path) < 4:
+        return False
+    written_output = d.path[2] == "outs" and d.key == "version" and len(d.path) == 5
+    written_argument = d.path[2] == "in_versions" and len(d.path) == 4
+    if not (written_output or written_argument):
+        return False
+    return isinstance(d.ag, int) and isinstance(d.stock, int) and d.ag > d.stock
+
+
 def _saved_view_after_write(d: Diff) -> bool:
     # saved_versions_after_write/savedN, N odd: the saved view moves with the output it views
     if d.family != "opdb" or d.variant != "saving" or d.path[:1] != ("saved_versions_after_write",):
@@ -150,6 +184,16 @@ INTENDED: list[Rule] = [
          "a view made inside __torch_dispatch__ and kept (saving mode) is a view of the output it was "
          "taken from: _is_view, _base and the shared _version",
          _saved_view),
+    Rule("saved-alias-shares-counter",
+         "a view_as kept inside __torch_dispatch__ that autograd cannot make a view of its own (one made from a "
+         "view created in no-grad mode) stays a plain alias, as in stock, but shares the counter of the output "
+         "it was taken from",
+         _saved_alias_shares_counter),
+    Rule("body-writes-count-inside",
+         "inside __torch_dispatch__ an in-place op (also inside a composite op) bumps what it writes, as at top "
+         "level (stock: nothing below ADInplaceOrView counts); the body's bump of the op it answers is taken "
+         "back when it returns, so versions after the op equal stock's",
+         _body_writes_count_inside),
     Rule("saved-view-sees-writes",
          "a write to an op's output after the forward bumps the version of a view of it kept inside "
          "__torch_dispatch__ (stock: the kept view has its own counter and never moves)",
