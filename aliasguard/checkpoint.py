@@ -308,8 +308,12 @@ def _raise_recompute_mutation(
 
 
 def _raise_missing(func: Any, calls: int, forward_calls: int) -> NoReturn:
+    _raise_call_count_mismatch(_op_name(func), calls, forward_calls)
+
+
+def _raise_call_count_mismatch(op_name: str, calls: int, forward_calls: int) -> NoReturn:
     raise checkpoint_error_type()(
-        f"aliasguard.checkpoint: the recompute ran {_op_name(func)} "
+        f"aliasguard.checkpoint: the recompute ran {op_name} "
         f"{calls} time(s), the forward pass {forward_calls}. The checkpointed "
         "function must run the same ops in the recompute; it may depend on "
         "global state that changed, or be nondeterministic."
@@ -361,12 +365,7 @@ def _raise_fast_path_mutation(
 
 
 def _raise_fast_path_missing(qualified_op: str, calls: int, forward_calls: int) -> NoReturn:
-    raise checkpoint_error_type()(
-        f"aliasguard.checkpoint: the recompute ran {_fast_op_name(qualified_op)} "
-        f"{calls} time(s), the forward pass {forward_calls}. The checkpointed "
-        "function must run the same ops in the recompute; it may depend on "
-        "global state that changed, or be nondeterministic."
-    )
+    _raise_call_count_mismatch(_fast_op_name(qualified_op), calls, forward_calls)
 
 
 def _raise_fast_path_consumed(qualified_op: str) -> NoReturn:
