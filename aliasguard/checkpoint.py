@@ -558,9 +558,16 @@ def _qualified(op: OpOverload) -> Tuple[str, str]:
 
 
 def _fast_path_contexts(
-    saved_ops: FrozenSet[Op], allow_cache_entry_mutation: bool
+    saved_ops: FrozenSet[Op],
+    allow_cache_entry_mutation: bool,
+    policy_fn: Optional[PolicyFn] = None,
 ) -> Optional[Tuple[_FastForwardContext, _FastRecomputeContext]]:
-    """The fast path's contexts for a list policy, or None where only the modes are right.
+    """The fast path's contexts, or None where only the modes are right.
+
+    ``saved_ops``: the ops whose outputs may be cached; every call of them is
+    cached when ``policy_fn`` is None (a list policy), else the calls the
+    policy function saves (see Note [Function policies below autograd] in
+    ``selective_checkpoint_fast_path.h``).
 
     The modes stay for: higher-order ops in the list, ops SAC ignores or with
     ordered effects, a torch that overrides policies for effectful ops (the
@@ -572,7 +579,7 @@ def _fast_path_contexts(
     if _semantics.supports_respect_saved_tensors_hooks() and _semantics.current_user_saved_tensors_hooks() is not None:
         return None
     ignored = sac_ignored_ops()
-    names: List[Tuple[str, str]] = []
+    ops: List[Tuple[str, str, Op]] = []
     by_name: Dict[str, Op] = {}
     for op in saved_ops:
         if not isinstance(op, OpOverload) or op in ignored or _semantics.has_ordered_effects(op):
@@ -582,9 +589,9 @@ def _fast_path_contexts(
         # the modes too (or never reach them): leaving them out is the same.
         if _C._sac_fast_skip_reason(name, overload):
             continue
-        names.append((name, overload))
+        ops.append((name, overload, op))
         by_name[f"{name}.{overload}" if overload else name] = op
-    state = _C._sac_fast_new_state(names, bool(allow_cache_entry_mutation))
+    state = _C._sac_fast_new_state(ops, bool(allow_cache_entry_mutation), policy_fn)
     forward = _FastForwardContext(state, by_name)
     return forward, _FastRecomputeContext(state, forward)
 
@@ -611,16 +618,55 @@ def _checked_ops(ops: Collection[Any]) -> FrozenSet[Op]:
     return frozenset(ops)
 
 
-def _as_policy(policy_fn_or_list: Union[PolicyFn, Collection[Op]]) -> Tuple[Optional[PolicyFn], FrozenSet[Op]]:
-    """(policy function, None) or (None, the ops to save)."""
+def _as_policy(
+    policy_fn_or_list: Union[PolicyFn, Collection[Op]],
+    ops: Optional[Collection[Op]] = None,
+) -> Tuple[Optional[PolicyFn], FrozenSet[Op]]:
+    """(None, the ops to save) for a list; (policy function, the ops it may save) for a function.
+
+    A function without ``ops`` may save any op: its op set is empty and it is
+    asked for every op (the mode path). With ``ops`` it is asked only for
+    those; see :func:`_restricted`.
+    """
     if callable(policy_fn_or_list):
-        return policy_fn_or_list, frozenset()
+        if ops is None:
+            return policy_fn_or_list, frozenset()
+        if not isinstance(ops, (list, tuple, set, frozenset)):
+            raise TypeError(
+                "aliasguard.checkpoint: ops must be a list (any collection) of "
+                f"OpOverloads, got {type(ops).__name__}"
+            )
+        return policy_fn_or_list, _checked_ops(ops)
     if isinstance(policy_fn_or_list, (list, tuple, set, frozenset)):
+        if ops is not None:
+            raise ValueError(
+                "aliasguard.checkpoint: ops= names the ops a policy function may "
+                "save; a list policy already names them. Pass either a list of "
+                "ops, or a policy function with ops=."
+            )
         return None, _checked_ops(policy_fn_or_list)
     raise TypeError(
         "aliasguard.checkpoint: the policy must be a policy function or a list "
         f"of ops to save, got {type(policy_fn_or_list).__name__}"
     )
+
+
+def _restricted(policy_fn: PolicyFn, ops: FrozenSet[Op]) -> PolicyFn:
+    """``policy_fn`` asked only for ``ops``; every other op is recomputed.
+
+    What a policy function given ``ops=`` means on every path: the fast path
+    registers kernels for those ops alone (see Note [Function policies below
+    autograd] in ``selective_checkpoint_fast_path.h``), so the modes and
+    torch's own contexts must not ask it about others either.
+    """
+
+    @functools.wraps(policy_fn)
+    def restricted(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func in ops:
+            return policy_fn(ctx, func, *args, **kwargs)
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return restricted
 
 
 def _coercing(policy_fn: PolicyFn) -> PolicyFn:
@@ -643,6 +689,7 @@ def create_selective_checkpoint_contexts(
     allow_cache_entry_mutation: bool = False,
     *,
     fast_path: bool = True,
+    ops: Optional[Collection[Op]] = None,
 ) -> Tuple[Any, Any]:
     """Build the two contexts of a selective checkpoint; use as ``context_fn``.
 
@@ -668,26 +715,35 @@ def create_selective_checkpoint_contexts(
             docstring).
         allow_cache_entry_mutation: turn off both mutation checks (the one in
             the forward pass and the one in the recompute).
-        fast_path: for a list policy, cache below autograd with C++ kernels
-            for the listed ops instead of two dispatch modes, so that the
-            region's other ops do not go through Python (about the cost of a
-            plain checkpoint). The same outputs are saved; a write to a
-            cached tensor is detected when the forward pass ends or at
-            recompute instead of being refused before it happens, and the
-            error names the cached op and where it ran, not the writing line
-            (``fast_path=False`` names it). Ignored for a policy function.
+        fast_path: for a list policy, or a policy function given ``ops``,
+            cache below autograd with C++ kernels for those ops instead of
+            two dispatch modes, so that the region's other ops do not go
+            through Python (about the cost of a plain checkpoint). The same
+            outputs are saved; a write to a cached tensor is detected when
+            the forward pass ends or at recompute instead of being refused
+            before it happens, and the error names the cached op and where
+            it ran, not the writing line (``fast_path=False`` names it).
+            Ignored for a policy function without ``ops``.
+        ops: for a policy function only: the ops whose outputs it may save.
+            The function is then asked only about calls of these ops (in the
+            forward pass, after the op ran, as without ``ops``); every other
+            op is recomputed without asking it. This is what lets a policy
+            function take the fast path; the meaning is the same on every
+            path (with ``fast_path=False`` and under ``torch.compile``).
 
     Returns:
         ``(forward_context, recompute_context)``: two ``TorchDispatchMode``,
-        or for the list-policy fast path two plain context managers (which
-        is all ``torch.utils.checkpoint.checkpoint`` requires outside
+        or for the fast path two plain context managers (which is all
+        ``torch.utils.checkpoint.checkpoint`` requires outside
         ``torch.compile``).
 
     Raises:
-        TypeError: ``policy_fn_or_list`` is neither callable nor a collection.
-        ValueError: the collection holds something that is not an
-            ``OpOverload`` (an ``OpOverloadPacket`` such as
-            ``torch.ops.aten.mm`` is refused, naming it), as torch raises.
+        TypeError: ``policy_fn_or_list`` is neither callable nor a
+            collection, or ``ops`` is not a collection.
+        ValueError: the collection (or ``ops``) holds something that is not
+            an ``OpOverload`` (an ``OpOverloadPacket`` such as
+            ``torch.ops.aten.mm`` is refused, naming it), as torch raises;
+            ``ops`` was given with a list policy.
 
     The forward context raises :class:`CheckpointMutationError` before an
     in-place or ``out=`` op writes to a cached tensor (or to anything sharing
@@ -699,19 +755,22 @@ def create_selective_checkpoint_contexts(
     """
     # It relies on detach keeping the counter, which uninstall() takes back.
     _install.require_installed("aliasguard.checkpoint")
-    policy_fn, saved_ops = _as_policy(policy_fn_or_list)
+    policy_fn, saved_ops = _as_policy(policy_fn_or_list, ops)
+    # Under torch.compile the contexts must be dispatch modes (AOTAutograd
+    # reads their graph ids), so a compiled region keeps the modes.
+    use_fast_path = fast_path and not _semantics.is_tracing_for_compile() and not torch.compiler.is_compiling()
+    if use_fast_path and (policy_fn is None or ops is not None):
+        contexts = _fast_path_contexts(saved_ops, allow_cache_entry_mutation, policy_fn)
+        if contexts is not None:
+            return contexts
+    if policy_fn is not None and ops is not None:
+        policy_fn, saved_ops = _restricted(policy_fn, saved_ops), frozenset()
     if _semantics.is_tracing_for_compile():
         # See Note [SAC under torch.compile] in the module docstring.
         return _torch_checkpoint.create_selective_checkpoint_contexts(
             _coercing(policy_fn) if policy_fn is not None else list(saved_ops),
             allow_cache_entry_mutation,
         )
-    # Under torch.compile the contexts must be dispatch modes (AOTAutograd
-    # reads their graph ids), so a compiled region keeps the modes.
-    if policy_fn is None and fast_path and not torch.compiler.is_compiling():
-        contexts = _fast_path_contexts(saved_ops, allow_cache_entry_mutation)
-        if contexts is not None:
-            return contexts
     state = _C._sac_new_state(
         policy_fn,
         saved_ops,
@@ -728,6 +787,7 @@ def checkpoint(
     allow_cache_entry_mutation: bool = False,
     respect_saved_tensors_hooks: Optional[bool] = None,
     fast_path: bool = True,
+    ops: Optional[Collection[Op]] = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` under a selective activation checkpoint.
@@ -754,6 +814,8 @@ def checkpoint(
             ``FutureWarning`` when such hooks are active. The mutation checks
             still look at the tensors the ops returned.
         fast_path: see :func:`create_selective_checkpoint_contexts`.
+        ops: for a policy function, the ops it may save; see
+            :func:`create_selective_checkpoint_contexts`.
         **kwargs: ``preserve_rng_state``, ``determinism_check``, ``debug``,
             ``early_stop`` go to ``torch.utils.checkpoint.checkpoint``; the
             rest are keyword arguments of ``function``.
@@ -807,7 +869,7 @@ def checkpoint(
         kwargs["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     # Check the policy here, where the caller's line is in the traceback,
     # rather than inside the forward pass.
-    _as_policy(policy)
+    _as_policy(policy, ops)
     return _torch_checkpoint.checkpoint(
         function,
         *args,
@@ -817,6 +879,7 @@ def checkpoint(
             policy,
             allow_cache_entry_mutation=allow_cache_entry_mutation,
             fast_path=fast_path and respect_saved_tensors_hooks is None,
+            ops=ops,
         ),
         **kwargs,
     )

@@ -1,10 +1,12 @@
-"""The list-policy fast path of aliasguard.checkpoint (kernels below autograd).
+"""The fast path of aliasguard.checkpoint (kernels below autograd): list policies and policy functions given ops=.
 
 Each guarantee is checked against a reference that could differ: outputs and
 gradients bitwise equal to the un-checkpointed run, the same saved bytes as
 torch's SAC with the same list, writes to cached tensors raising (never a
 silent wrong gradient), nested regions, two threads, tensor subclasses, and
-that the mode path is what a policy function gets.
+that the mode path is what a policy function without ``ops`` gets; a policy
+function with ``ops`` is asked what a dispatch mode's policy would be asked,
+only for those ops, once per forward call.
 """
 
 from __future__ import annotations
@@ -304,3 +306,172 @@ def test_kernels_outside_a_region_change_nothing():
     y = torch.mm(x, x)
     y.sum().backward()
     assert torch.equal(x.grad, (torch.ones(3, 3) @ x.detach().t() + x.detach().t() @ torch.ones(3, 3)))
+
+
+# --- function policies with their op set (ops=) ---------------------------------------
+
+
+def torchtitan_style_policy() -> Tuple[Callable[..., Any], List[Any]]:
+    """Save every matmul but every second mm, counting per pass (as torchtitan does)."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func is aten.mm.default:
+            counts["recompute" if ctx.is_recompute else "forward"] += 1
+            if counts["recompute" if ctx.is_recompute else "forward"] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy, MATMULS
+
+
+def test_function_policy_with_ops_takes_the_fast_path():
+    policy, ops = torchtitan_style_policy()
+    forward, recompute = ours.create_selective_checkpoint_contexts(policy, ops=ops)
+    assert not isinstance(forward, TorchDispatchMode) and not isinstance(recompute, TorchDispatchMode)
+    forward, _ = ours.create_selective_checkpoint_contexts(policy, ops=ops, fast_path=False)
+    assert isinstance(forward, TorchDispatchMode)
+
+
+def test_function_policy_is_asked_only_for_its_ops_with_what_a_mode_would_pass():
+    seen: Dict[str, List[Any]] = {"ours": [], "torch": []}
+
+    def recording(into: List[Any]) -> Callable[..., Any]:
+        def policy(ctx, func, *args, **kwargs):
+            if not ctx.is_recompute:
+                plain = (int, float, bool, list, torch.dtype, type(None))
+                shown = [a if isinstance(a, plain) else type(a) for a in args]
+                into.append((func, shown, kwargs, type(ctx.op_output)))
+            return CheckpointPolicy.MUST_SAVE if func is aten.addmm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return policy
+
+    def fn(x, w):
+        y = torch.addmm(x, x, w, beta=0.5)  # a non-default keyword-only argument
+        z = F.layer_norm(y, (4,))  # trailing defaults, None arguments
+        return torch.mm(z, w).to(torch.float64).sin()
+
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    ops = [aten.addmm.default, aten.native_layer_norm.default, aten.mm.default, aten._to_copy.default]
+    checkpoint(fn, x, w, policy=recording(seen["ours"]), ops=ops).sum().backward()
+    torch_checkpoint.checkpoint(
+        fn, x, w, use_reentrant=False,
+        context_fn=functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, recording(seen["torch"])),
+    ).sum().backward()
+    assert seen["ours"] == [s for s in seen["torch"] if s[0] in ops]
+    assert [s[0] for s in seen["ours"]] == ops  # sin, t, ... were never asked
+    assert seen["ours"][0][2] == {"beta": 0.5}
+    assert seen["ours"][3][2] == {"dtype": torch.float64}
+
+
+def test_function_policy_with_ops_gives_bitwise_gradients_and_torch_saved_bytes():
+    inputs = block_inputs(6)
+    expected = grads_of(block, inputs)
+    policy, ops = torchtitan_style_policy()
+    got = grads_of(lambda *a: checkpoint(block, *a, policy=policy, ops=ops), inputs)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+    def saved(context_fn: Callable[[], Any]) -> int:
+        tracker = StorageTracker()
+        with tracker:
+            out = torch_checkpoint.checkpoint(block, *inputs, use_reentrant=False, context_fn=context_fn).sum()
+        live = tracker.live_bytes((out, *inputs))
+        out.backward()
+        return live
+
+    torch_policy, _ = torchtitan_style_policy()
+    theirs = saved(functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, torch_policy))
+    policy, ops = torchtitan_style_policy()
+    mine = saved(functools.partial(ours.create_selective_checkpoint_contexts, policy, ops=ops))
+    everything = saved(functools.partial(ours.create_selective_checkpoint_contexts, MATMULS))
+    assert mine == theirs
+    assert 0 < mine < everything  # the policy dropped some of the listed calls
+
+
+def test_function_policy_decisions_are_replayed_not_asked_again_at_recompute():
+    asked: List[bool] = []
+
+    def policy(ctx, func, *args, **kwargs):
+        asked.append(ctx.is_recompute)
+        return CheckpointPolicy.MUST_SAVE
+
+    calls = {"mm": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls["mm"] += func is aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    with Count():
+        out = checkpoint(lambda x, w: torch.mm(x, w).sin(), x, w, policy=policy, ops=[aten.mm.default])
+        out.sum().backward()
+    assert asked == [False]
+    assert calls["mm"] == 3  # one forward, two in the backward; none in the recompute
+
+
+def test_function_policy_with_ops_refuses_a_write_to_a_cached_output():
+    kept: List[torch.Tensor] = []
+
+    def fn(x, w):
+        y = torch.mm(x, w)
+        kept.append(y)
+        return y.sin()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    out = checkpoint(fn, x, w, policy=lambda ctx, op, *a, **k: True, ops=[aten.mm.default]).sum()
+    with torch.no_grad():
+        kept[0].mul_(2)
+    with pytest.raises(CheckpointMutationError, match=r"aten\.mm\.default"):
+        out.backward()
+    # A call the policy recomputes is not watched.
+    kept.clear()
+    out = checkpoint(fn, x, w, policy=lambda ctx, op, *a, **k: False, ops=[aten.mm.default]).sum()
+    with torch.no_grad():
+        kept[0].mul_(2)
+    out.backward()
+
+
+def test_function_policy_errors_propagate_from_the_op_and_leave_no_region_open():
+    def raising(ctx, func, *args, **kwargs):
+        raise KeyError("policy failed")
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(KeyError, match="policy failed"):
+        checkpoint(lambda x, w: torch.mm(x, w).sin(), x, w, policy=raising, ops=[aten.mm.default])
+    assert _C._sac_fast_num_open_regions() == 0
+    with pytest.raises(ours.CheckpointPolicyError, match=r"aten\.mm\.default"):
+        checkpoint(lambda x, w: (x @ w).sin(), x, w, policy=lambda *a, **k: None, ops=[aten.mm.default])
+    assert _C._sac_fast_num_open_regions() == 0
+    # Still usable afterwards.
+    out = checkpoint(lambda x, w: torch.mm(x, w).sin(), x, w, policy=lambda *a, **k: True, ops=[aten.mm.default])
+    out.sum().backward()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_ops_means_the_same_on_every_path(fast_path: bool):
+    asked: List[Any] = []
+
+    def policy(ctx, func, *args, **kwargs):
+        asked.append(func)
+        return CheckpointPolicy.MUST_SAVE
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    checkpoint(lambda x, w: torch.mm(x, w).sin().cos(), x, w, policy=policy, ops=[aten.mm.default],
+               fast_path=fast_path).sum().backward()
+    assert asked == [aten.mm.default]
+
+
+def test_ops_argument_errors_name_what_was_wrong():
+    policy = lambda ctx, func, *a, **k: True  # noqa: E731
+    with pytest.raises(ValueError, match="a list policy already names them"):
+        ours.create_selective_checkpoint_contexts(MATMULS, ops=MATMULS)
+    with pytest.raises(TypeError, match="ops must be a list .* got OpOverload"):
+        ours.create_selective_checkpoint_contexts(policy, ops=aten.mm.default)
+    with pytest.raises(ValueError, match=r"overload packet; name one overload, e\.g\. aten\.mm\.default"):
+        ours.create_selective_checkpoint_contexts(policy, ops=[aten.mm])
+    x = torch.randn(2, 2, requires_grad=True)
+    with pytest.raises(ValueError, match="a list policy already names them"):
+        checkpoint(lambda x: x.sin(), x, policy=MATMULS, ops=MATMULS)
+    assert x.grad is None and x._version == 0

@@ -29,6 +29,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/selective_checkpoint.h>
 #include <torch/csrc/autograd/selective_checkpoint_fast_path.h>
+#include <torch/csrc/utils/python_op_arguments.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
 
@@ -386,23 +387,20 @@ void share_unsafe_view_counter(PyObject* out, PyObject* args) {
   share_version_counter(*result_impl, *source_impl);
 }
 
-// True when the policy says to keep the op's output.
-bool policy_saves(
-    SacState& state,
-    const OpInfo& info,
+// Whether `policy_fn(ctx, func, *args, **kwargs)` says to keep the output
+// `out` of one call (a bool means MUST_SAVE / PREFER_RECOMPUTE; anything
+// else goes through checkpoint.py's coercion, which raises). Shared by the
+// mode path and the fast path's function policies. `effect_overridden`: the
+// running torch keeps effectful ops whatever the policy says.
+bool policy_fn_saves(
+    PyObject* policy_fn,
     PyObject* func,
     PyObject* args,
     PyObject* kwargs,
-    PyObject* out) {
+    PyObject* out,
+    bool has_effects,
+    const SacState* effects) {
   const Config& cfg = config();
-  if (state.policy_fn.is_none()) {
-    if (state.saved_op_ptrs.count(func) != 0) {
-      return true; // MUST_SAVE
-    }
-    // PREFER_RECOMPUTE, unless the running torch keeps effectful ops.
-    return info.has_effects &&
-        state.effect_overridden(cfg.prefer_recompute.ptr());
-  }
   py::object ctx = internals::new_checkpoint_context(
       cfg.context_type.ptr(),
       cfg.is_recompute_name.ptr(),
@@ -421,9 +419,7 @@ bool policy_saves(
         call_args.ptr(), i + 2, Py_NewRef(PyTuple_GET_ITEM(args, i)));
   }
   py::object policy = py::reinterpret_steal<py::object>(PyObject_Call(
-      state.policy_fn.ptr(),
-      call_args.ptr(),
-      kwargs == Py_None ? nullptr : kwargs));
+      policy_fn, call_args.ptr(), kwargs == Py_None ? nullptr : kwargs));
   if (!policy) {
     throw python_error();
   }
@@ -439,8 +435,28 @@ bool policy_saves(
       policy.ptr() == cfg.prefer_save.ptr()) {
     return true;
   }
-  // The running torch may keep effectful ops whatever the policy.
-  return info.has_effects && state.effect_overridden(policy.ptr());
+  return has_effects && effects != nullptr &&
+      effects->effect_overridden(policy.ptr());
+}
+
+// True when the policy says to keep the op's output.
+bool policy_saves(
+    SacState& state,
+    const OpInfo& info,
+    PyObject* func,
+    PyObject* args,
+    PyObject* kwargs,
+    PyObject* out) {
+  if (state.policy_fn.is_none()) {
+    if (state.saved_op_ptrs.count(func) != 0) {
+      return true; // MUST_SAVE
+    }
+    // PREFER_RECOMPUTE, unless the running torch keeps effectful ops.
+    return info.has_effects &&
+        state.effect_overridden(config().prefer_recompute.ptr());
+  }
+  return policy_fn_saves(
+      state.policy_fn.ptr(), func, args, kwargs, out, info.has_effects, &state);
 }
 
 // Detached outputs (a tensor, or an exact tuple/list of tensors and other
@@ -856,6 +872,57 @@ FastPathRegion& fast_region(py::handle capsule) {
   return *region;
 }
 
+// A policy function asked by the fast path for the calls of its named ops.
+// See Note [Function policies below autograd]. The fast path is only taken
+// where no torch version overrides policies for effectful ops, so the
+// answer is the policy's own.
+class PythonFastPathPolicy final : public FastPathPolicy {
+ public:
+  // `ops[i]` is the OpOverload of `handles[i]`.
+  PythonFastPathPolicy(
+      py::object policy_fn,
+      std::vector<c10::OperatorHandle> handles,
+      std::vector<py::object> ops)
+      : policy_fn_(std::move(policy_fn)),
+        handles_(std::move(handles)),
+        ops_(std::move(ops)) {}
+
+  ~PythonFastPathPolicy() override {
+    const py::gil_scoped_acquire gil;
+    policy_fn_ = py::object();
+    ops_.clear();
+  }
+
+  bool saves(
+      const c10::OperatorHandle& op,
+      c10::ArrayRef<c10::IValue> arguments,
+      c10::ArrayRef<c10::IValue> outputs) override {
+    const py::gil_scoped_acquire gil;
+    PyObject* func = nullptr;
+    for (size_t i = 0; i < handles_.size() && func == nullptr; ++i) {
+      if (handles_[i] == op) {
+        func = ops_[i].ptr();
+      }
+    }
+    TORCH_INTERNAL_ASSERT(func != nullptr, "a fast-path op without its policy");
+    auto [args, kwargs] = utils::python_arguments(op.schema(), arguments);
+    py::object out = utils::python_returns(outputs);
+    return policy_fn_saves(
+        policy_fn_.ptr(),
+        func,
+        args.ptr(),
+        kwargs.ptr(),
+        out.ptr(),
+        /*has_effects=*/false,
+        /*effects=*/nullptr);
+  }
+
+ private:
+  py::object policy_fn_;
+  std::vector<c10::OperatorHandle> handles_;
+  std::vector<py::object> ops_;
+};
+
 c10::OperatorHandle find_op(
     const std::string& name,
     const std::string& overload) {
@@ -995,15 +1062,28 @@ void init_selective_checkpoint_bindings(py::module_& m) {
       [](const std::string& name, const std::string& overload) {
         return fast_path_skip_reason(find_op(name, overload));
       });
+  // `ops`: (name, overload, OpOverload) per op the region may cache;
+  // `policy_fn`: None to cache every call of them (a list policy), or the
+  // function asked per call (see Note [Function policies below autograd]).
   m.def(
       "_sac_fast_new_state",
-      [](const std::vector<std::pair<std::string, std::string>>& names,
-         bool allow_mutation) {
-        std::vector<c10::OperatorHandle> ops;
-        for (const auto& [name, overload] : names) {
-          ops.push_back(find_op(name, overload));
+      [](const std::vector<std::tuple<std::string, std::string, py::object>>&
+             ops,
+         bool allow_mutation,
+         py::object policy_fn) {
+        std::vector<c10::OperatorHandle> handles;
+        std::vector<py::object> overloads;
+        for (const auto& [name, overload, op] : ops) {
+          handles.push_back(find_op(name, overload));
+          overloads.push_back(op);
         }
-        auto region = std::make_unique<FastPathRegion>(ops, allow_mutation);
+        std::unique_ptr<FastPathPolicy> policy;
+        if (!policy_fn.is_none()) {
+          policy = std::make_unique<PythonFastPathPolicy>(
+              std::move(policy_fn), handles, std::move(overloads));
+        }
+        auto region = std::make_unique<FastPathRegion>(
+            handles, allow_mutation, std::move(policy));
         PyObject* capsule =
             PyCapsule_New(region.get(), kFastStateCapsule, [](PyObject* obj) {
               delete static_cast<FastPathRegion*>(
@@ -1014,7 +1094,10 @@ void init_selective_checkpoint_bindings(py::module_& m) {
         }
         region.release();
         return py::reinterpret_steal<py::object>(capsule);
-      });
+      },
+      py::arg("ops"),
+      py::arg("allow_mutation"),
+      py::arg("policy_fn") = py::none());
   m.def("_sac_fast_enter_forward", [](py::handle capsule) {
     fast_region(capsule).enter_forward();
   });

@@ -107,8 +107,15 @@ void run_in_regions(
     }
     return;
   }
+  // See Note [Function policies below autograd]: a policy sees the call's
+  // arguments, which running the op takes off the stack.
+  std::vector<c10::IValue> arguments;
+  if (region.region->asks_policy()) {
+    const size_t num_arguments = op.schema().arguments().size();
+    arguments.assign(stack->end() - num_arguments, stack->end());
+  }
   run_in_regions(op, keys, stack, depth - 1);
-  region.region->record(op, *stack);
+  region.region->record(op, *stack, arguments);
 }
 
 // Set while the kernel handles an op for the open regions. A dispatch mode
@@ -247,8 +254,9 @@ size_t num_open_fast_path_regions() {
 
 FastPathRegion::FastPathRegion(
     const std::vector<c10::OperatorHandle>& ops,
-    bool allow_mutation)
-    : allow_mutation_(allow_mutation) {
+    bool allow_mutation,
+    std::unique_ptr<FastPathPolicy> policy)
+    : allow_mutation_(allow_mutation), policy_(std::move(policy)) {
   for (const c10::OperatorHandle& op : ops) {
     if (fast_path_skip_reason(op).empty() &&
         std::find(ops_.begin(), ops_.end(), op) == ops_.end()) {
@@ -344,8 +352,18 @@ void FastPathRegion::exit_recompute() {
 
 void FastPathRegion::record(
     const c10::OperatorHandle& op,
-    const torch::jit::Stack& stack) {
+    const torch::jit::Stack& stack,
+    c10::ArrayRef<c10::IValue> arguments) {
   const size_t num_returns = op.schema().returns().size();
+  if (policy_ != nullptr &&
+      !policy_->saves(
+          op,
+          arguments,
+          c10::ArrayRef<c10::IValue>(stack).slice(
+              stack.size() - num_returns))) {
+    cache_.record_recompute(key_of(op));
+    return;
+  }
   std::vector<c10::IValue> outputs;
   outputs.reserve(num_returns);
   std::vector<const at::Tensor*> tensors;

@@ -61,6 +61,20 @@ namespace aliasguard::autograd {
 // counter when the input is a cached output, so that a write through the
 // result of a batched matmul is seen.
 
+// Note [Function policies below autograd]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A policy function decides per call, so it can use the fast path only when
+// its owner names the ops it may save: the kernels are registered for those
+// ops and nothing else, and every other op is recomputed without the policy
+// being asked (as if it had answered "recompute"). The region asks its
+// FastPathPolicy once per call of a named op in the forward phase, after the
+// op ran, with the arguments it was called with and its outputs (what a
+// dispatch mode's policy sees). The answer is recorded per call, so the
+// recompute replays the forward's decisions in call order without asking
+// again; a policy that would answer differently at recompute cannot make the
+// two passes disagree. The policy runs while the kernel handles the op, so
+// ops it runs itself are not seen by the regions (see `handling_op`).
+
 // Hooks a language binding installs: where user code ran an op, and the
 // errors it raises in its own types. Without them, call sites are
 // "<unknown>" and errors are c10::Error.
@@ -102,13 +116,29 @@ ALIASGUARD_API void register_fast_path_kernel(const c10::OperatorHandle& op);
 ALIASGUARD_API bool release_fast_path_kernels();
 ALIASGUARD_API size_t num_fast_path_kernels();
 
+// Decides whether one call of a region's op is cached.
+// See Note [Function policies below autograd].
+class ALIASGUARD_API FastPathPolicy {
+ public:
+  virtual ~FastPathPolicy() = default;
+  // `arguments`: the call's arguments as passed; `outputs`: what it returned.
+  // May throw; the call then fails as if the op had.
+  virtual bool saves(
+      const c10::OperatorHandle& op,
+      c10::ArrayRef<c10::IValue> arguments,
+      c10::ArrayRef<c10::IValue> outputs) = 0;
+};
+
 class ALIASGUARD_API FastPathRegion {
  public:
-  // `ops`: the ops whose outputs to cache; registers their kernels (and
-  // aten::_unsafe_view's). Ops with a skip reason are ignored.
+  // `ops`: the ops whose outputs may be cached; registers their kernels (and
+  // aten::_unsafe_view's). Ops with a skip reason are ignored. Without a
+  // `policy` every call of those ops is cached (a list policy); with one,
+  // the calls it answers true for.
   FastPathRegion(
       const std::vector<c10::OperatorHandle>& ops,
-      bool allow_mutation);
+      bool allow_mutation,
+      std::unique_ptr<FastPathPolicy> policy = nullptr);
   ~FastPathRegion();
   FastPathRegion(const FastPathRegion&) = delete;
   FastPathRegion& operator=(const FastPathRegion&) = delete;
@@ -131,7 +161,15 @@ class ALIASGUARD_API FastPathRegion {
 
   // Used by the kernel.
   bool saves(const c10::OperatorHandle& op) const;
-  void record(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  bool asks_policy() const {
+    return policy_ != nullptr;
+  }
+  // `stack` holds the outputs; `arguments` the call's arguments when
+  // asks_policy() (else empty).
+  void record(
+      const c10::OperatorHandle& op,
+      const torch::jit::Stack& stack,
+      c10::ArrayRef<c10::IValue> arguments);
   bool hand_back(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   void share_unsafe_view_counter(
       const at::Tensor& input,
@@ -151,6 +189,7 @@ class ALIASGUARD_API FastPathRegion {
   SelectiveCheckpointCache cache_;
   std::vector<Entry> entries_;
   bool allow_mutation_ = false;
+  std::unique_ptr<FastPathPolicy> policy_;
 };
 
 // Open regions on this thread (innermost last); for tests.
