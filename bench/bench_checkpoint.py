@@ -26,12 +26,13 @@ TorchDispatchModes that only forward each op (``func._op(*args, **kwargs)``):
 the cost of routing every op through torch's Python dispatch key, which any
 SAC built on a TorchDispatchMode pays, whatever its own per-op work.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py [--repeats N] [--rounds R]
+    PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py [--repeats N] [--rounds R] [--compiled]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -54,8 +55,45 @@ LAYERS = 4
 # (batch, seq, dim, heads, ffn)
 SIZES = {"kernel-bound": (8, 128, 256, 4, 1024), "dispatch-bound": (1, 8, 32, 2, 64)}
 SAVE_MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
-STOCK = ("no checkpoint", "plain checkpoint", "pass-through modes", "torch SAC")
-OURS = ("aliasguard SAC", "aliasguard SAC (modes)", "plain checkpoint (in-process)", "torch SAC (in-process)")
+STOCK = ("no checkpoint", "plain checkpoint", "pass-through modes", "torch SAC", "torch SAC, policy fn")
+OURS = (
+    "aliasguard SAC",
+    "aliasguard SAC, policy fn + ops",
+    "aliasguard SAC (modes)",
+    "plain checkpoint (in-process)",
+    "torch SAC (in-process)",
+    "torch SAC, policy fn (in-process)",
+)
+# torch.compile: torch's SAC and aliasguard's (which hands torch's own contexts
+# to AOTAutograd) under each backend, beside a compiled plain checkpoint.
+COMPILED_BACKENDS = ("aot_eager", "inductor")
+COMPILED_STOCK = tuple(f"torch SAC, compiled ({b})" for b in COMPILED_BACKENDS) + (
+    "plain checkpoint, compiled (aot_eager)",
+)
+COMPILED_OURS = tuple(f"aliasguard SAC, compiled ({b})" for b in COMPILED_BACKENDS) + (
+    "plain checkpoint, compiled (aot_eager) (in-process)",
+)
+
+
+def titan_policy() -> Callable[..., Any]:
+    """A torchtitan-style policy function: save the matmuls, but only every second addmm.
+
+    torchtitan counts mm (its linears have no bias); these have, so addmm.
+
+    Made fresh per checkpoint call (its counters are per region, as torchtitan's).
+    """
+    counts = {False: 0, True: 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func is aten.addmm.default:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+        if func in SAVE_MATMULS:
+            return torch_checkpoint.CheckpointPolicy.MUST_SAVE
+        return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
 # Suffix of the baselines that also run in the aliasguard worker.
 IN_PROCESS = " (in-process)"
 
@@ -125,10 +163,28 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
                     block, x, use_reentrant=False, context_fn=torch_sac_context
                 )
             )
+        elif name == "torch SAC, policy fn":
+
+            def torch_titan_context() -> Any:
+                return torch_checkpoint.create_selective_checkpoint_contexts(titan_policy())
+
+            variants[name] = run(
+                lambda block, x: torch_checkpoint.checkpoint(
+                    block, x, use_reentrant=False, context_fn=torch_titan_context
+                )
+            )
         elif name == "aliasguard SAC":
             from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
 
             variants[name] = run(lambda block, x: aliasguard_checkpoint(block, x, policy=SAVE_MATMULS))
+        elif name == "aliasguard SAC, policy fn + ops":
+            from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
+
+            variants[name] = run(
+                lambda block, x: aliasguard_checkpoint(block, x, policy=titan_policy(), ops=SAVE_MATMULS)
+            )
+        elif name.endswith(", compiled (aot_eager)") or name.endswith(", compiled (inductor)"):
+            variants[name] = compiled_variant(blocks, name)
         elif name == "aliasguard SAC (modes)":
             from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
 
@@ -139,6 +195,47 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
             raise ValueError(name)
         variants[full_name] = variants.pop(name)
     return variants
+
+
+def compiled_variant(blocks: torch.nn.ModuleList, name: str) -> Forward:
+    """One layer-wise checkpointed forward under torch.compile (one graph per step)."""
+    backend = name[name.index("compiled (") + len("compiled ("):-1]
+    kwargs: Dict[str, Any] = {}
+    if name.startswith("torch SAC"):
+        kwargs["context_fn"] = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, SAVE_MATMULS)
+    elif name.startswith("aliasguard SAC"):
+        from aliasguard.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, SAVE_MATMULS)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for block in blocks:
+            x = torch_checkpoint.checkpoint(block, x, use_reentrant=False, **kwargs)
+        return x
+
+    return torch.compile(forward, backend=backend, fullgraph=True)
+
+
+def saved_tensor_bytes(forward: Forward, x: torch.Tensor, params: List[torch.Tensor]) -> int:
+    """Bytes of the distinct storages autograd saves for the backward (what a compiled graph keeps).
+
+    For the compiled variants: a dispatch mode around a compiled call would
+    change what is compiled, while saved-tensors hooks see what AOTAutograd's
+    backward saves, for torch's SAC and aliasguard's alike.
+    """
+    storages: Dict[int, int] = {}
+    excluded = {t.untyped_storage()._cdata for t in (x, *params)}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in excluded:
+            storages[storage._cdata] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward(x).sum()
+    loss.backward()
+    return sum(storages.values())
 
 
 class StorageTracker(TorchDispatchMode):
@@ -189,7 +286,12 @@ def time_step(forward: Forward, x: torch.Tensor, blocks: torch.nn.Module) -> Tup
 def worker(kind: str, label: str, repeats: int, warmup: int, grads_file: str) -> Dict[str, Any]:
     """Measures the variants of one kind in this process; returns samples and bytes."""
     torch.set_num_threads(1)
-    names = STOCK if kind == "stock" else OURS
+    compiled = label.startswith("compiled ")
+    if compiled:
+        label = label.removeprefix("compiled ")
+        names = COMPILED_STOCK if kind == "stock" else COMPILED_OURS
+    else:
+        names = STOCK if kind == "stock" else OURS
     batch, seq, dim, heads, ffn = SIZES[label]
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(Block(dim, heads, ffn) for _ in range(LAYERS))
@@ -205,7 +307,8 @@ def worker(kind: str, label: str, repeats: int, warmup: int, grads_file: str) ->
         grads[name] = [x.grad.clone()] + [p.grad.clone() for p in params]
     torch.save(grads, grads_file)
 
-    saved = {name: saved_activation_bytes(forward, x, params) for name, forward in variants.items()}
+    measure_saved = saved_tensor_bytes if compiled else saved_activation_bytes
+    saved = {name: measure_saved(forward, x, params) for name, forward in variants.items()}
     for _ in range(warmup):
         for forward in variants.values():
             time_step(forward, x, blocks)
@@ -243,8 +346,9 @@ Samples = Dict[str, List[float]]
 
 
 def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples, Samples, Dict[str, int], str]:
-    wall: Dict[str, List[float]] = {name: [] for name in STOCK + OURS}
-    cpu: Dict[str, List[float]] = {name: [] for name in STOCK + OURS}
+    names = COMPILED_STOCK + COMPILED_OURS if label.startswith("compiled ") else STOCK + OURS
+    wall: Dict[str, List[float]] = {name: [] for name in names}
+    cpu: Dict[str, List[float]] = {name: [] for name in names}
     saved: Dict[str, int] = {}
     version = ""
     with tempfile.TemporaryDirectory() as tmp:
@@ -258,13 +362,61 @@ def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples
                     wall[name] += result["wall"][name]
                     cpu[name] += result["cpu"][name]
                     saved[name] = result["saved"][name]
-            # Same gradients from every variant, or the timings mean nothing.
+            # Same gradients from every variant, or the timings mean nothing:
+            # bitwise in eager mode (every variant runs the same kernels);
+            # compiled graphs may fuse, so there within float32 tolerance of
+            # the compiled plain checkpoint.
             grads = {**torch.load(os.path.join(tmp, "stock.pt")), **torch.load(os.path.join(tmp, "ours.pt"))}
-            reference = grads["no checkpoint"]
+            compiled = label.startswith("compiled ")
+            reference = grads["plain checkpoint, compiled (aot_eager)" if compiled else "no checkpoint"]
             for name, got in grads.items():
-                if not all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, reference)):
-                    raise AssertionError(f"{name}: gradients differ from the un-checkpointed run")
+                same = (
+                    all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, reference))
+                    if compiled
+                    else all(torch.equal(a, b) for a, b in zip(got, reference))
+                )
+                if not same:
+                    raise AssertionError(f"{name}: gradients differ from the reference run")
     return wall, cpu, saved, version
+
+
+def print_table(label: str, wall: Samples, cpu: Samples, saved: Dict[str, int]) -> None:
+    compiled = label.startswith("compiled ")
+    names = COMPILED_STOCK + COMPILED_OURS if compiled else STOCK + OURS
+    ours = COMPILED_OURS if compiled else OURS
+    base = "torch SAC, compiled (aot_eager)" if compiled else "torch SAC"
+    plain = "plain checkpoint, compiled (aot_eager)" if compiled else "plain checkpoint"
+    print(
+        "| variant | wall (ms) | IQR / median | wall / torch SAC | wall / plain ckpt "
+        "| wall / in-process torch SAC | wall / in-process plain ckpt | CPU (ms) | CPU / torch SAC "
+        "| saved (KiB) | bytes / torch SAC |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    med_wall = {name: statistics.median(s) for name, s in wall.items()}
+    med_cpu = {name: statistics.median(s) for name, s in cpu.items()}
+    for name in names:
+        quartiles = statistics.quantiles(wall[name], n=4)
+        spread = (quartiles[2] - quartiles[0]) / med_wall[name]
+        # The same policy's torch variant is the base of each SAC row.
+        own_base = base
+        if compiled and name.startswith(("aliasguard SAC, compiled", "torch SAC, compiled")):
+            own_base = "torch SAC, compiled " + name[name.index("("):]
+        elif "policy fn" in name:
+            own_base = "torch SAC, policy fn"
+        in_process = "| | "
+        if name in ours and not compiled:
+            in_process = (
+                f"| {med_wall[name] / med_wall[own_base + IN_PROCESS]:.3f}x "
+                f"| {med_wall[name] / med_wall[plain + IN_PROCESS]:.3f}x "
+            )
+        elif name in ours and compiled:
+            in_process = f"| | {med_wall[name] / med_wall[plain + IN_PROCESS]:.3f}x "
+        print(
+            f"| {name} | {med_wall[name] * 1e3:.2f} | {spread:.1%} | {med_wall[name] / med_wall[own_base]:.3f}x "
+            f"| {med_wall[name] / med_wall[plain]:.3f}x {in_process}"
+            f"| {med_cpu[name] * 1e3:.2f} | {med_cpu[name] / med_cpu[own_base]:.3f}x "
+            f"| {saved[name] / 2**10:.1f} | {saved[name] / saved[own_base]:.3f}x |"
+        )
 
 
 def main() -> None:
@@ -273,8 +425,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="worker processes of each kind per size")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES), help="which model sizes")
+    parser.add_argument(
+        "--compiled", action="store_true",
+        help="also torch.compile (aot_eager, inductor) of torch's SAC and aliasguard's, dispatch-bound size",
+    )
     parser.add_argument("--worker", choices=("stock", "ours"), help=argparse.SUPPRESS)
-    parser.add_argument("--size", choices=tuple(SIZES), help=argparse.SUPPRESS)
+    parser.add_argument("--size", help=argparse.SUPPRESS)
     parser.add_argument("--grads-file", help=argparse.SUPPRESS)
     options = parser.parse_args()
 
@@ -282,50 +438,32 @@ def main() -> None:
         print(json.dumps(worker(options.worker, options.size, options.repeats, options.warmup, options.grads_file)))
         return
 
+    labels = list(options.sizes) + (["compiled dispatch-bound"] if options.compiled else [])
     header_done = False
-    for label in options.sizes:
-        sizes = SIZES[label]
-        repeats = options.repeats * (5 if label == "dispatch-bound" else 1)
+    for label in labels:
+        batch, seq, dim, heads, ffn = SIZES[label.removeprefix("compiled ")]
+        repeats = options.repeats * (5 if label.endswith("dispatch-bound") else 1)
         wall, cpu, saved, version = measure(label, repeats, options.warmup, options.rounds)
         if not header_done:
             print(
                 f"{LAYERS}-layer pre-norm transformer, CPU float32, 1 thread, torch {version}; "
                 "median of fwd+bwd steps over alternating worker processes (baselines "
-                "without aliasguard imported); SAC policy: save mm/addmm/bmm, recompute the rest"
+                "without aliasguard imported); SAC policy: save mm/addmm/bmm, recompute the rest "
+                "(policy fn: the same, but every second addmm recomputed, torchtitan-style); each SAC "
+                "row's ratios are to torch's SAC with the same policy"
             )
             header_done = True
-        batch, seq, dim, heads, ffn = sizes
-        samples = len(wall["torch SAC"])
+        samples = len(wall[COMPILED_STOCK[0] if label.startswith("compiled ") else "torch SAC"])
+        saved_kind = (
+            "saved = distinct storages autograd saved (saved_tensors_hooks)"
+            if label.startswith("compiled ")
+            else "saved = forward storages alive after the forward"
+        )
         print(
             f"\n{label}: batch {batch}, seq {seq}, dim {dim}, heads {heads}, ffn {ffn}; "
-            f"{samples} steps per variant in {options.rounds} processes of each kind\n"
+            f"{samples} steps per variant in {options.rounds} processes of each kind; {saved_kind}\n"
         )
-        print(
-            "| variant | wall (ms) | IQR / median | wall / torch SAC | wall / plain ckpt "
-            "| wall / in-process torch SAC | wall / in-process plain ckpt | CPU (ms) | CPU / torch SAC "
-            "| saved activations (KiB) | bytes / torch SAC |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        med_wall = {name: statistics.median(s) for name, s in wall.items()}
-        med_cpu = {name: statistics.median(s) for name, s in cpu.items()}
-        base, plain = "torch SAC", "plain checkpoint"
-        for name in STOCK + OURS:
-            quartiles = statistics.quantiles(wall[name], n=4)
-            spread = (quartiles[2] - quartiles[0]) / med_wall[name]
-            in_process = ""
-            if name in OURS:
-                in_process = (
-                    f"| {med_wall[name] / med_wall[base + IN_PROCESS]:.3f}x "
-                    f"| {med_wall[name] / med_wall[plain + IN_PROCESS]:.3f}x "
-                )
-            else:
-                in_process = "| | "
-            print(
-                f"| {name} | {med_wall[name] * 1e3:.2f} | {spread:.1%} | {med_wall[name] / med_wall[base]:.3f}x "
-                f"| {med_wall[name] / med_wall[plain]:.3f}x {in_process}"
-                f"| {med_cpu[name] * 1e3:.2f} | {med_cpu[name] / med_cpu[base]:.3f}x "
-                f"| {saved[name] / 2**10:.1f} | {saved[name] / saved[base]:.3f}x |"
-            )
+        print_table(label, wall, cpu, saved)
 
 
 if __name__ == "__main__":
