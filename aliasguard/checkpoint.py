@@ -437,6 +437,10 @@ class _CachingMode(_semantics.TorchCachingMode):
     that alias correction leaves it alone: it corrects by itself).
     """
 
+    # See Note [SAC modes correct as a wrapped __torch_dispatch__] in
+    # python_selective_checkpoint.cpp.
+    __aliasguard_track_views__ = False
+
     def __init__(self, state: Any) -> None:
         # torch's __init__ sets up its own storage; only the mode's is wanted.
         TorchDispatchMode.__init__(self)
@@ -478,6 +482,9 @@ class _CachingMode(_semantics.TorchCachingMode):
 
 class _CachedMode(_semantics.TorchCachedMode):
     """Recompute: hands back cached outputs, runs every other op again."""
+
+    # See _CachingMode.
+    __aliasguard_track_views__ = False
 
     def __init__(self, state: Any) -> None:
         TorchDispatchMode.__init__(self)

@@ -130,17 +130,21 @@ class StorageTracker(TorchDispatchMode):
         return sum(n for key, (ref, n) in self.storages.items() if not ref.expired() and key not in excluded)
 
 
+def saved_bytes(context_fn: Callable[[], Any], inputs: Tuple[torch.Tensor, ...]) -> int:
+    """Bytes the forward pass of a checkpointed ``block`` leaves alive for the backward."""
+    tracker = StorageTracker()
+    with tracker:
+        out = torch_checkpoint.checkpoint(block, *inputs, use_reentrant=False, context_fn=context_fn).sum()
+    live = tracker.live_bytes((out, *inputs))
+    out.backward()
+    return live
+
+
 def test_saved_bytes_equal_torch_sac_with_the_same_list():
     inputs = block_inputs(1)
 
     def saved(make_contexts: Callable[..., Any]) -> int:
-        context_fn = functools.partial(make_contexts, MATMULS)
-        tracker = StorageTracker()
-        with tracker:
-            out = torch_checkpoint.checkpoint(block, *inputs, use_reentrant=False, context_fn=context_fn).sum()
-        live = tracker.live_bytes((out, *inputs))
-        out.backward()
-        return live
+        return saved_bytes(functools.partial(make_contexts, MATMULS), inputs)
 
     theirs = saved(torch_checkpoint.create_selective_checkpoint_contexts)
     mine = saved(ours.create_selective_checkpoint_contexts)
@@ -149,7 +153,14 @@ def test_saved_bytes_equal_torch_sac_with_the_same_list():
     assert mine > plain  # something was cached
 
 
-def test_write_after_forward_raises_at_recompute_naming_the_cached_op():
+SAVE_MM = {
+    "list": {"policy": [aten.mm.default]},
+    "function with ops": {"policy": lambda ctx, op, *args, **kwargs: True, "ops": [aten.mm.default]},
+}
+
+
+@pytest.mark.parametrize("how", list(SAVE_MM))
+def test_write_after_forward_raises_at_recompute_naming_the_cached_op(how: str):
     kept: List[torch.Tensor] = []
 
     def fn(x, w):
@@ -158,7 +169,7 @@ def test_write_after_forward_raises_at_recompute_naming_the_cached_op():
         return y.sin()
 
     x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
-    out = checkpoint(fn, x, w, policy=[aten.mm.default]).sum()
+    out = checkpoint(fn, x, w, **SAVE_MM[how]).sum()
     with torch.no_grad():
         kept[0].mul_(2)
     with pytest.raises(CheckpointMutationError, match=r"aten\.mm\.default .*after the forward pass") as info:
@@ -372,19 +383,11 @@ def test_function_policy_with_ops_gives_bitwise_gradients_and_torch_saved_bytes(
     for e, g in zip(expected, got):
         assert torch.equal(e, g)
 
-    def saved(context_fn: Callable[[], Any]) -> int:
-        tracker = StorageTracker()
-        with tracker:
-            out = torch_checkpoint.checkpoint(block, *inputs, use_reentrant=False, context_fn=context_fn).sum()
-        live = tracker.live_bytes((out, *inputs))
-        out.backward()
-        return live
-
     torch_policy, _ = torchtitan_style_policy()
-    theirs = saved(functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, torch_policy))
+    theirs = saved_bytes(functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, torch_policy), inputs)
     policy, ops = torchtitan_style_policy()
-    mine = saved(functools.partial(ours.create_selective_checkpoint_contexts, policy, ops=ops))
-    everything = saved(functools.partial(ours.create_selective_checkpoint_contexts, MATMULS))
+    mine = saved_bytes(functools.partial(ours.create_selective_checkpoint_contexts, policy, ops=ops), inputs)
+    everything = saved_bytes(functools.partial(ours.create_selective_checkpoint_contexts, MATMULS), inputs)
     assert mine == theirs
     assert 0 < mine < everything  # the policy dropped some of the listed calls
 
@@ -411,26 +414,21 @@ def test_function_policy_decisions_are_replayed_not_asked_again_at_recompute():
     assert calls["mm"] == 3  # one forward, two in the backward; none in the recompute
 
 
-def test_function_policy_with_ops_refuses_a_write_to_a_cached_output():
+def test_function_policy_with_ops_watches_only_the_calls_it_saves():
+    # The write to a saved call is refused: test_write_after_forward_... above.
     kept: List[torch.Tensor] = []
 
     def fn(x, w):
-        y = torch.mm(x, w)
-        kept.append(y)
-        return y.sin()
+        kept.append(torch.mm(x, w))
+        return kept[-1].sin()
 
     x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
-    out = checkpoint(fn, x, w, policy=lambda ctx, op, *a, **k: True, ops=[aten.mm.default]).sum()
-    with torch.no_grad():
-        kept[0].mul_(2)
-    with pytest.raises(CheckpointMutationError, match=r"aten\.mm\.default"):
-        out.backward()
-    # A call the policy recomputes is not watched.
-    kept.clear()
+    expected = torch.autograd.grad(fn(x, w).sum(), (x, w))
     out = checkpoint(fn, x, w, policy=lambda ctx, op, *a, **k: False, ops=[aten.mm.default]).sum()
     with torch.no_grad():
-        kept[0].mul_(2)
-    out.backward()
+        kept[-1].mul_(2)  # recomputed, so the write cannot reach the backward
+    got = torch.autograd.grad(out, (x, w))
+    assert all(torch.equal(e, g) for e, g in zip(expected, got))
 
 
 def test_function_policy_errors_propagate_from_the_op_and_leave_no_region_open():

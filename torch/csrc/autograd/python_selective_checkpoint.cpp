@@ -18,9 +18,9 @@
 // rarely (errors, saved-tensors hooks, outputs that are not a tensor or a
 // plain tuple/list) calls back into small Python helpers of checkpoint.py.
 //
-// Alias correction (F4) wraps Python `__torch_dispatch__` functions; these
-// are not, so they call it themselves for the ops whose schema says a return
-// aliases an argument (views, in-place and out= ops) when it is enabled.
+// Alias correction wraps Python `__torch_dispatch__` functions; these are
+// not, so they run each op as the wrapper runs a body (see Note [SAC modes
+// correct as a wrapped __torch_dispatch__]).
 
 #include <torch/csrc/autograd/python_selective_checkpoint.h>
 
@@ -29,8 +29,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/selective_checkpoint.h>
 #include <torch/csrc/autograd/selective_checkpoint_fast_path.h>
+#include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_op_arguments.h>
 #include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/python_tracked_dispatch.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
 
 #include <frameobject.h>
@@ -72,8 +74,6 @@ struct Config {
   py::object unpack_value; // (packed value, unpack) -> value
   py::object top_hooks; // () -> the innermost saved-tensors hooks or None
   py::object user_hooks; // (mode) -> (pack, unpack) or None
-  py::object correct_aliasing; // aliasguard._C._correct_aliasing
-  py::object correction_enabled; // aliasguard._C._is_alias_correction_enabled
   std::vector<std::string> library_prefixes; // torch's and aliasguard's dirs
   py::object state_attribute; // "_sac", interned
   py::object is_recompute_name; // "is_recompute"
@@ -268,37 +268,55 @@ bool is_tensor(PyObject* obj) {
   throw python_error();
 }
 
-// Runs the op, then corrects aliasing like the wrapper of a Python
-// __torch_dispatch__ would (see the note at the top).
-py::object run_op(const OpInfo& info, PyObject* args, PyObject* kwargs) {
-  PyObject* out = PyObject_Call(
-      info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
-  if (out == nullptr) {
-    throw python_error();
-  }
-  py::object result = py::reinterpret_steal<py::object>(out);
-  if (info.has_aliasing_returns) {
-    const Config& cfg = config();
-    py::object enabled = py::reinterpret_steal<py::object>(
-        PyObject_CallNoArgs(cfg.correction_enabled.ptr()));
-    if (!enabled) {
+// Note [SAC modes correct as a wrapped __torch_dispatch__]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The modes' __torch_dispatch__ is a C function, which the automatic
+// correction does not wrap (it wraps Python functions), so each op is run
+// here the way the wrapper runs a body: inside the core's TrackedDispatchBody
+// (its op and entry state recorded, the written versions settled), then
+// corrected with the options that body gives, by the same C++ calls, without
+// going back through Python. The modes opt out of view tracking
+// (`__aliasguard_track_views__ = False` in checkpoint.py): a tracked body
+// would count versions differently from the ones the cache compares. The
+// audit does not check the modes' results (they were never audited): the
+// ops they run are checked where they are answered.
+py::object run_op(
+    PyObject* mode,
+    const OpInfo& info,
+    PyObject* args,
+    PyObject* kwargs) {
+  const bool correct =
+      info.has_aliasing_returns && utils::correction_applies(mode);
+  if (!correct) {
+    PyObject* out = PyObject_Call(
+        info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
+    if (out == nullptr) {
       throw python_error();
     }
-    if (enabled.ptr() == Py_True) {
-      PyObject* corrected = PyObject_CallFunctionObjArgs(
-          cfg.correct_aliasing.ptr(),
-          info.func.ptr(),
-          args,
-          kwargs,
-          result.ptr(),
-          nullptr);
-      if (corrected == nullptr) {
-        throw python_error();
-      }
-      result = py::reinterpret_steal<py::object>(corrected);
-    }
+    return py::reinterpret_steal<py::object>(out);
   }
-  return result;
+  utils::TrackedDispatchCall body(
+      mode, info.func.ptr(), args, kwargs, /*correct=*/true);
+  py::object out = py::reinterpret_steal<py::object>(
+      body.call_with(info.call.ptr(), args, kwargs));
+  if (!out) {
+    throw python_error();
+  }
+  PyObject* corrected = utils::corrected_result(
+      mode,
+      info.func.ptr(),
+      body.entry(),
+      args,
+      kwargs,
+      out.ptr(),
+      /*correct=*/true,
+      /*audit=*/false,
+      body.options(),
+      utils::reported_violation_mark());
+  if (corrected == nullptr) {
+    throw python_error();
+  }
+  return py::reinterpret_steal<py::object>(corrected);
 }
 
 // Every tensor an op writes, by its schema's Tensor(a!) arguments.
@@ -637,7 +655,7 @@ PyObject* sac_dispatch(
       parse_dispatch_args(stack, PyVectorcall_NARGS(nargsf), kwnames);
   const OpInfo& info = op_info(call.func);
   if (info.ignored) {
-    return run_op(info, call.args, call.kwargs).release().ptr();
+    return run_op(call.mode, info, call.args, call.kwargs).release().ptr();
   }
   return body(call, info, *state_of_mode(call.mode));
   END_HANDLE_TH_ERRORS
@@ -651,7 +669,7 @@ PyObject* forward_dispatch_body(
   if (writes && !state.allow_mutation && state.cache.has_cached_outputs()) {
     check_forward_write(state, info, call.args, call.kwargs);
   }
-  py::object out = run_op(info, call.args, call.kwargs);
+  py::object out = run_op(call.mode, info, call.args, call.kwargs);
   if (info.is_unsafe_view) {
     share_unsafe_view_counter(out.ptr(), call.args);
   }
@@ -674,7 +692,7 @@ PyObject* recompute_dispatch_body(
   using Kind = SelectiveCheckpointCache::SlotKind;
   switch (slot.kind) {
     case Kind::kRecompute:
-      return run_op(info, call.args, call.kwargs).release().ptr();
+      return run_op(call.mode, info, call.args, call.kwargs).release().ptr();
     case Kind::kMissing:
       raise_through(
           config().missing_error,
@@ -993,8 +1011,6 @@ void init_selective_checkpoint_bindings(py::module_& m) {
     cfg.user_hooks = take("user_hooks");
     cfg.library_prefixes =
         take("library_prefixes").cast<std::vector<std::string>>();
-    cfg.correct_aliasing = m.attr("_correct_aliasing");
-    cfg.correction_enabled = m.attr("_is_alias_correction_enabled");
     cfg.state_attribute = intern("_sac");
     cfg.is_recompute_name = intern("is_recompute");
     cfg.op_output_name = intern("op_output");

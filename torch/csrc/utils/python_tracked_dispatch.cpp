@@ -117,6 +117,21 @@ PyObject* TrackedDispatchCall::call(
   return out;
 }
 
+PyObject* TrackedDispatchCall::call_with(
+    PyObject* fn,
+    PyObject* args,
+    PyObject* kwargs) {
+  PyObject* out = nullptr;
+  {
+    const TrackedDispatchBody::Scope scope(body_);
+    out = PyObject_Call(fn, args, kwargs == Py_None ? nullptr : kwargs);
+  }
+  if (out != nullptr) {
+    body_.settle();
+  }
+  return out;
+}
+
 CorrectionOptions explicit_correction_options(PyObject* func) {
   const PyOpEntry& entry = op_entry(func);
   return utils::explicit_correction_options(func, entry);

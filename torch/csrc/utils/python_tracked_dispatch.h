@@ -34,6 +34,10 @@ class TrackedDispatchCall {
       size_t nargsf,
       PyObject* kwnames);
 
+  // The same for a body given as `fn(*args, **kwargs)` (kwargs: a dict or
+  // None).
+  PyObject* call_with(PyObject* fn, PyObject* args, PyObject* kwargs);
+
   // How the correction after the body must treat its result.
   const CorrectionOptions& options() const {
     return body_.options();
