@@ -163,3 +163,60 @@ TEST(
 }
 
 } // namespace
+
+// See Note [Repaired or not].
+namespace {
+
+using aliasguard::utils::AliasViolation;
+using aliasguard::utils::judge_audited_result;
+
+std::optional<AliasingError> violation(AliasViolation kind, const char* what) {
+  return AliasingError("aten::view", 0, "self", kind, what);
+}
+
+std::string what_of(const std::optional<AliasingError>& error) {
+  return error ? error->what() : "";
+}
+
+TEST(JudgeAuditedResult, CleanResultReportsNothing) {
+  const auto judgement = judge_audited_result({}, {}, {});
+  EXPECT_FALSE(judgement.repaired || judgement.unrepaired || judgement.raise);
+}
+
+TEST(JudgeAuditedResult, GoneAfterTheCorrectionWasRepaired) {
+  const auto before = violation(AliasViolation::kViewVersionCounter, "before");
+  const auto judgement = judge_audited_result(before, {}, {});
+  EXPECT_NE(what_of(judgement.repaired).find("before"), std::string::npos);
+  EXPECT_FALSE(judgement.unrepaired || judgement.raise);
+}
+
+TEST(
+    JudgeAuditedResult,
+    RefusalReportsTheHandlersViolationAndRaisesTheRefusal) {
+  const auto before = violation(AliasViolation::kViewCopy, "before");
+  const auto refusal = violation(AliasViolation::kViewStorage, "refusal");
+  auto judgement = judge_audited_result(before, refusal, {});
+  EXPECT_FALSE(judgement.repaired);
+  EXPECT_NE(what_of(judgement.unrepaired).find("before"), std::string::npos);
+  EXPECT_NE(what_of(judgement.raise).find("refusal"), std::string::npos);
+  // Nothing found before: the refusal is reported itself.
+  judgement = judge_audited_result({}, refusal, {});
+  EXPECT_NE(what_of(judgement.unrepaired).find("refusal"), std::string::npos);
+}
+
+TEST(JudgeAuditedResult, StillFoundAfterIsNotRepaired) {
+  const auto before = violation(AliasViolation::kViewVersionCounter, "before");
+  const auto same_kind =
+      violation(AliasViolation::kViewVersionCounter, "after");
+  auto judgement = judge_audited_result(before, {}, same_kind);
+  EXPECT_FALSE(judgement.repaired); // one report, as not repaired
+  EXPECT_NE(what_of(judgement.unrepaired).find("after"), std::string::npos);
+  EXPECT_NE(what_of(judgement.raise).find("after"), std::string::npos);
+  // Another kind after: the first was repaired, the second was not.
+  const auto other_kind = violation(AliasViolation::kViewInnerCopy, "inner");
+  judgement = judge_audited_result(before, {}, other_kind);
+  EXPECT_NE(what_of(judgement.repaired).find("before"), std::string::npos);
+  EXPECT_NE(what_of(judgement.unrepaired).find("inner"), std::string::npos);
+}
+
+} // namespace

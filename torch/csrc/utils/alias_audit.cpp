@@ -435,4 +435,25 @@ bool is_alias_audit_enabled() {
   return internals::is_dispatch_key_included(internals::kAuditDispatchKey);
 }
 
+AuditJudgement judge_audited_result(
+    const std::optional<AliasingError>& before,
+    const std::optional<AliasingError>& refusal,
+    const std::optional<AliasingError>& after) {
+  // See Note [Repaired or not].
+  AuditJudgement judgement;
+  if (refusal) {
+    judgement.unrepaired = before ? before : refusal;
+    judgement.raise = refusal;
+    return judgement;
+  }
+  if (before && (!after || after->kind() != before->kind())) {
+    judgement.repaired = before;
+  }
+  if (after) {
+    judgement.unrepaired = after;
+    judgement.raise = after;
+  }
+  return judgement;
+}
+
 } // namespace aliasguard::utils

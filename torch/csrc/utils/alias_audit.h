@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -178,5 +179,29 @@ ALIASGUARD_API void note_reported_violation(
 ALIASGUARD_API bool reported_violation_since(
     const ReportedViolationMark& mark,
     const SchemaAliasAnalysis& analysis);
+
+// Note [Repaired or not]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Under audit a handler's result is checked around the correction: as the
+// handler returned it (`before`), by the correction itself (`refusal`, when
+// it refused), and as it is handed back (`after`, with the inner tensors of
+// traceable wrappers). A violation found before and gone after was repaired
+// by the correction: without aliasguard the user would hit it, with it they
+// do not. A refusal, or what is still found after, was not repaired. When
+// the correction refused, the handler's own violation (if the first check
+// found one) is what is reported, since it says what the handler did; the
+// refusal is what is raised. A repaired violation of the same kind as one
+// still found after is reported once, as not repaired.
+struct AuditJudgement {
+  // Report as repaired (the run goes on either way).
+  std::optional<AliasingError> repaired;
+  // Report as not repaired; if the reporter does not take it, raise `raise`.
+  std::optional<AliasingError> unrepaired;
+  std::optional<AliasingError> raise;
+};
+ALIASGUARD_API AuditJudgement judge_audited_result(
+    const std::optional<AliasingError>& before,
+    const std::optional<AliasingError>& refusal,
+    const std::optional<AliasingError>& after);
 
 } // namespace aliasguard::utils

@@ -47,13 +47,12 @@ void check_only(
 // Under audit, a handler's result is checked twice around the correction: as
 // the handler returned it (views may have counters of their own there: below
 // autograd that is stock PyTorch's doing, not the handler's), then as it is
-// handed back, with the inner tensors of traceable wrappers too. A violation
-// in the first check that the second no longer finds was repaired by the
-// correction (without aliasguard, the user would hit it); one the correction
-// refused, or the second check still finds, was not. Each violation is
-// offered to the reporter (see Note [The audit's Python reporter]): in
-// report mode the run goes on with the corrected result, or, when the
-// correction refused, with what the handler returned (stock behaviour).
+// handed back, with the inner tensors of traceable wrappers too. Which of
+// what they find was repaired is the core's decision (see Note [Repaired or
+// not] in alias_audit.h). Each violation is offered to the reporter (see
+// Note [The audit's Python reporter]): in report mode the run goes on with
+// the corrected result, or, when the correction refused, with what the
+// handler returned (stock behaviour).
 
 // Flattens a traceable wrapper (one with __tensor_flatten__) down to plain
 // tensors: appends each with its dotted attribute path to `leaves`. Returns
@@ -225,22 +224,16 @@ PyObject* audited_result(
     // Clean, or blamed already: see Note [One report per op call].
     return result.release().ptr();
   }
-  // What the handler got wrong and the correction fixed, then what is left.
-  // Raise mode (a reporter answering false) raises only what is left.
-  bool handled = true;
-  if (refusal) {
-    handled = offer_violation(
-        raw_error ? *raw_error : *refusal, owner, /*repaired=*/false);
-  } else {
-    if (raw_error && (!remaining || remaining->kind() != raw_error->kind())) {
-      offer_violation(*raw_error, owner, /*repaired=*/true);
-    }
-    if (remaining) {
-      handled = offer_violation(*remaining, owner, /*repaired=*/false);
-    }
+  // See Note [Repaired or not]. Raise mode (a reporter answering false)
+  // raises only what was not repaired.
+  const AuditJudgement judgement =
+      judge_audited_result(raw_error, refusal, remaining);
+  if (judgement.repaired) {
+    offer_violation(*judgement.repaired, owner, /*repaired=*/true);
   }
-  if (!handled) {
-    throw refusal ? *refusal : *remaining;
+  if (judgement.unrepaired &&
+      !offer_violation(*judgement.unrepaired, owner, /*repaired=*/false)) {
+    throw *judgement.raise;
   }
   note_reported_violation(analysis);
   return result.release().ptr();
