@@ -25,6 +25,20 @@ class Rule:
             return False
 
 
+def _mode(d: Diff) -> str | None:
+    """The mode or wrapper of an op_db scenario in which aliasguard tracks what a __torch_dispatch__ body does.
+
+    ``opdb/<mode>/<op>/<i>``, and ``opdb_tx/compile_<backend>/<mode>/<op>``: the compiled code runs with the mode
+    set and no tracing infrastructure at work (the mode is off while torch.compile traces), so its body is
+    tracked as in eager. Under the other transforms (fake, make_fx, functionalize, torch.func) a body runs as
+    stock (Note [Tracing infrastructure is left alone]): no rule applies there."""
+    if d.family == "opdb":
+        return d.variant
+    if d.family == "opdb_tx" and d.variant.startswith("compile_"):
+        return d.op
+    return None
+
+
 def _named(rec: dict, name: str) -> Any:
     """The record of a tensor by its pool name (argN / outN / savedN), wherever the scenario filed it."""
     for section in ("args", "outs", "saved"):
@@ -35,7 +49,7 @@ def _named(rec: dict, name: str) -> Any:
 
 def _inside_view(d: Diff) -> bool:
     # SavingMode's record of an op's outputs *inside* __torch_dispatch__: path inside/<call>/outs/<j>/<key>
-    if d.family != "opdb" or d.variant != "saving" or d.path[:1] != ("inside",) or len(d.path) != 5:
+    if _mode(d) != "saving" or d.path[:1] != ("inside",) or len(d.path) != 5:
         return False
     out = d.lookup(d.ag_rec, d.path[:4])
     call = d.lookup(d.ag_rec, d.path[:2])
@@ -57,7 +71,7 @@ def _inside_view(d: Diff) -> bool:
 
 def _saved_view(d: Diff) -> bool:
     # A view_as kept inside __torch_dispatch__: path saved/savedN/<key>, N odd (the view of saved N-1)
-    if d.family != "opdb" or d.variant != "saving" or d.path[:1] != ("saved",) or len(d.path) != 3:
+    if _mode(d) != "saving" or d.path[:1] != ("saved",) or len(d.path) != 3:
         return False
     name = d.path[1]
     if int(name[5:]) % 2 != 1:
@@ -82,7 +96,7 @@ def _saved_alias_shares_counter(d: Diff) -> bool:
     # A view_as kept inside __torch_dispatch__ that autograd could not make a view of its own (a view of a
     # view made in no-grad mode, or of an output that is not a view for autograd): a plain alias, as in
     # stock, with the counter of the output it was taken from (saved N-1).
-    if d.family != "opdb" or d.variant != "saving" or len(d.path) not in (2, 3):
+    if _mode(d) != "saving" or len(d.path) not in (2, 3):
         return False
     if d.path[0] not in ("saved", "saved_versions_after_write"):
         return False
@@ -101,7 +115,7 @@ def _body_writes_count_inside(d: Diff) -> bool:
     # Inside a tracked body an in-place op (or one inside a composite op) bumps what it writes, as at top
     # level; stock counts nothing below ADInplaceOrView. The body's own bump of the op it answers is taken
     # back when it returns, so the versions seen after the op are stock's (compared elsewhere).
-    if d.family != "opdb" or d.variant not in ("pass", "saving", "datamode"):
+    if _mode(d) not in ("pass", "saving", "datamode"):
         return False
     if d.path[:1] != ("inside",) or len(d.path) < 4:
         return False
@@ -114,7 +128,7 @@ def _body_writes_count_inside(d: Diff) -> bool:
 
 def _saved_view_after_write(d: Diff) -> bool:
     # saved_versions_after_write/savedN, N odd: the saved view moves with the output it views
-    if d.family != "opdb" or d.variant != "saving" or d.path[:1] != ("saved_versions_after_write",):
+    if _mode(d) != "saving" or d.path[:1] != ("saved_versions_after_write",):
         return False
     n = int(d.path[1][5:])
     after = d.ag_rec["saved_versions_after_write"]
@@ -123,7 +137,7 @@ def _saved_view_after_write(d: Diff) -> bool:
 
 def _saved_view_autograd(d: Diff) -> bool:
     # design.md "Views made in a tracked body are views for autograd": the kept view gets a grad_fn from its base
-    if d.family != "opdb" or d.variant != "saving":
+    if _mode(d) != "saving":
         return False
     if d.path[:1] == ("saved",) and len(d.path) == 3:
         if int(d.path[1][5:]) % 2 != 1:
@@ -147,7 +161,7 @@ def _saved_view_autograd(d: Diff) -> bool:
 def _wrapper_takes_inplace_sizes(d: Diff) -> bool:
     # A wrapper argument of an in-place op takes the sizes the op returned (t_, resize_, squeeze_ inside
     # composite ops): the wrapper's output then has the shape the op has on plain tensors; stock's has not.
-    if d.family != "opdb" or d.variant not in ("wrapper", "twotensor") or d.path[:1] != ("outs",):
+    if _mode(d) not in ("wrapper", "twotensor") or d.path[:1] != ("outs",):
         return False
     if d.key not in ("shape", "stride") or len(d.path) != 3:
         return False
@@ -161,7 +175,7 @@ DETACH = "aten.detach.default"
 
 def _detach_keeps_counter(d: Diff) -> bool:
     # detach below autograd (here: inside a mode's __torch_dispatch__) shares its input's version counter
-    if d.family != "opdb" or d.variant not in ("pass", "saving", "datamode"):
+    if _mode(d) not in ("pass", "saving", "datamode"):
         return False
     if d.path[:1] == ("inside",) and len(d.path) == 5 and d.key == "version":
         call = d.lookup(d.ag_rec, d.path[:2])

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 
 from differential import observe as ob
 
-FAMILIES = ("opdb", "njt", "dtensor", "trace", "compile", "torchao")
+FAMILIES = ("opdb", "opdb_tx", "njt", "dtensor", "dtensor_compile", "trace", "compile", "torchao")
 
 
 @dataclass
@@ -159,6 +159,22 @@ class SavingMode(TorchDispatchMode):
         return out
 
 
+class CompilePassMode(PassMode):
+    """PassMode for torch.compile: off while dynamo compiles, on while the compiled code runs.
+
+    (A mode that does not ignore compile internals makes dynamo skip every frame.)"""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+class CompileSavingMode(SavingMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
 class Wrapper(torch.Tensor):
     """A minimal wrapper subclass, written the way many are: rewrap every output, ignore aliasing."""
 
@@ -214,8 +230,15 @@ _OPDB: dict[str, Any] | None = None
 def opdb() -> dict[str, Any]:
     global _OPDB
     if _OPDB is None:
+        import torch.testing._internal.common_utils as common_utils
+        import torch.testing._internal.opinfo.core as opinfo_core
         from torch.testing._internal.common_methods_invocations import op_db
 
+        # sample_inputs() looks for the running unittest.TestCase with inspect.stack(), which resolves every
+        # frame's module; a worker started with -m has frozen runpy frames that never resolve, so each call
+        # scanned sys.modules again (most of a make_fx scenario's time). No TestCase runs here: the answer
+        # is None either way.
+        common_utils.extract_test_fn = opinfo_core.extract_test_fn = lambda: None
         _OPDB = {}
         for op in op_db:
             if torch.float32 not in op.dtypes:
@@ -312,8 +335,12 @@ def opdb_scenarios() -> list[Scenario]:
 # --- compile helper --------------------------------------------------------------------
 
 
-def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grads: bool = True) -> dict:
-    """Run ``torch.compile(fn)`` on each input tuple; results, gradients and dynamo's counts."""
+def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grads: bool = True,
+             dynamic: bool | None = None, around: Callable[[], Any] = contextlib.nullcontext,
+             with_values: bool = True, extra: Callable[[Any], dict] | None = None) -> dict:
+    """Run ``torch.compile(fn)`` on each input tuple; results, gradients and dynamo's counts.
+
+    ``around()`` is entered for each call (not for the backward), ``extra(out)`` adds to a call's record."""
     import torch._dynamo
     from torch._dynamo.backends.registry import lookup_backend
     from torch._dynamo.utils import counters
@@ -326,12 +353,17 @@ def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grad
         graphs[0] += 1
         return lookup_backend(backend)(gm, example_inputs)
 
-    cf = torch.compile(fn, backend=counting)
+    cf = torch.compile(fn, backend=counting, dynamic=dynamic)
     rec: dict[str, Any] = {"calls": []}
     for args in inputs:
         leaves = ob.named("arg", args)
         pool = {id(t): n for n, t in leaves}
-        out, err = call(lambda args=args: cf(*args))
+
+        def one(args: tuple = args) -> Any:
+            with around():
+                return cf(*args)
+
+        out, err = call(one)
         c: dict[str, Any] = {}
         if err is not None:
             c["call"] = err
@@ -339,8 +371,10 @@ def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grad
             outs = ob.named("out", out)
             ctx.perturb([t for _, t in outs])
             pool.update({id(t): n for n, t in outs})
-            c["outs"] = ob.tensors(outs, pool)
-            c["args"] = ob.tensors(leaves, pool)
+            c["outs"] = ob.tensors(outs, pool, with_values)
+            c["args"] = ob.tensors(leaves, pool, with_values)
+            if extra is not None:
+                c.update(extra(out))
             if grads:
                 c["backward"] = backward_record([t for _, t in outs], leaves)
         c["graphs"] = graphs[0]
@@ -499,6 +533,30 @@ def dtensor_scenarios() -> list[Scenario]:
             for op in DTENSOR_OPS for v in DTENSOR_VARIANTS for p in PLACEMENTS]
 
 
+# family 3b: the same DTensor ops under torch.compile (Shard(0), one call, dynamic=False)
+DTENSOR_INDUCTOR_OPS = ("sin", "matmul", "inplace_add")
+
+
+def run_dtensor_compile(ctx: Context, opname: str, backend: str) -> dict:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = _mesh()
+    torch.manual_seed(0)
+    dt = distribute_tensor(torch.randn(4, 6), mesh, [Shard(0)]).requires_grad_()
+
+    def placements(out: Any) -> dict:
+        return {"placements": [ob.safe(lambda t=t: str(t.placements)) for t in ob.flat_tensors(out)]}
+
+    return compiled(ctx, DTENSOR_OPS[opname], [(dt,)], backend, dynamic=False, extra=placements)
+
+
+def dtensor_compile_scenarios() -> list[Scenario]:
+    return [Scenario(f"dtensor_compile/{b}/{op}", "dtensor_compile",
+                     lambda ctx, op=op, b=b: run_dtensor_compile(ctx, op, b),
+                     full_only=(b == "inductor"), timeout=600 if b == "inductor" else 180)
+            for op in DTENSOR_OPS for b in COMPILE_VARIANTS if b != "inductor" or op in DTENSOR_INDUCTOR_OPS]
+
+
 # --- family 4: tracing and transforms (FakeTensorMode, make_fx, torch.func, compile) ------
 
 
@@ -628,19 +686,142 @@ INDUCTOR_FNS = ("view_chain", "inplace_view", "detach_inplace", "split_sum", "un
 # --- family 5: torchao ------------------------------------------------------------------
 
 
+def _torchao_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (requirements-test.txt pins it)"
+    return None
+
+
+TORCHAO_VARIANTS = ("eager", "audit", "pass", "compile_eager", "compile_aot_eager")
+
+
+def _ao_float8_linear() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A small MLP whose Linears become torchao Float8Linear (dynamic tensorwise scaling, float8 matmuls)."""
+    from torchao.float8 import convert_to_float8_training
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    convert_to_float8_training(m)
+    return m, torch.randn(16, 32, requires_grad=True)
+
+
+def _ao_int8_weight_only() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A Linear whose weight quantize_ turns into an affine-quantized int8 tensor subclass (Int8Tensor)."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32))
+    quantize_(m, Int8WeightOnlyConfig())
+    return m, torch.randn(4, 32)
+
+
+TORCHAO_MODELS: dict[str, Callable[[], tuple[torch.nn.Module, torch.Tensor]]] = {
+    "float8_linear": _ao_float8_linear,
+    "int8_weight_only": _ao_int8_weight_only,
+}
+
+
+def _ao_context(ctx: Context, variant: str, compiles: bool = False) -> Any:
+    return {"audit": ctx.audit, "pass": CompilePassMode if compiles else PassMode}.get(variant,
+                                                                                      contextlib.nullcontext)()
+
+
+def run_torchao_model(ctx: Context, name: str, variant: str) -> dict:
+    """Forward (and backward, for what is differentiable) through a torchao-converted module."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.utils import counters
+
+    m, x = TORCHAO_MODELS[name]()
+    leaves = [("arg0", x)] + [(f"param.{n}", p) for n, p in m.named_parameters()]
+    pool = {id(t): n for n, t in leaves}
+    rec: dict[str, Any] = {"modules": [type(mod).__name__ for mod in m.modules()],
+                           "params": {n: type(t).__name__ for n, t in leaves}}
+    fn: Callable = m
+    graphs = [0]
+    if variant.startswith("compile_"):
+        backend = variant[len("compile_"):]
+        torch._dynamo.reset()
+        counters.clear()
+
+        def counting(gm, example_inputs):
+            graphs[0] += 1
+            return lookup_backend(backend)(gm, example_inputs)
+
+        fn = torch.compile(m, backend=counting, dynamic=False)
+    torch.manual_seed(1)
+    with _ao_context(ctx, variant):
+        out, err = call(lambda: fn(x))
+        if err is not None:
+            rec["call"] = err
+        else:
+            outs = ob.named("out", out)
+            ctx.perturb([t for _, t in outs])
+            pool.update({id(t): n for n, t in outs})
+            rec["outs"] = ob.tensors(outs, pool)
+            rec["backward"] = backward_record([t for _, t in outs], leaves)
+    rec["args"] = ob.tensors(leaves, pool)
+    if variant.startswith("compile_"):
+        rec["graphs"] = graphs[0]
+        rec["graph_breaks"] = sum(counters["graph_break"].values())
+        rec["unique_graphs"] = counters["stats"]["unique_graphs"]
+        torch._dynamo.reset()
+    return rec
+
+
+def run_torchao_adamw8bit(ctx: Context, variant: str) -> dict:
+    """Three AdamW8bit steps on a Linear: the weight's optimizer state is torchao's OptimState8bit subclass
+    (block-wise 8-bit codes and scales; the bias is too small and keeps plain tensors). The step itself is
+    torch.compile'd by torchao (inductor, fullgraph): the pass-through mode is one that lets torch.compile
+    compile (ignore_compile_internals) and sees the compiled step run."""
+    from torchao.optim import AdamW8bit
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(64, 256)
+    opt = AdamW8bit(m.parameters(), lr=1e-2)
+    xs = [torch.randn(4, 64) for _ in range(3)]
+    losses: list[Any] = []
+    with _ao_context(ctx, variant, compiles=True):
+        for x in xs:
+            def step(x: torch.Tensor = x) -> float:
+                loss = m(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss.item()
+
+            v, err = call(step)
+            losses.append(err or ob._scalar(v))
+            if err is not None:
+                break
+    params = [(f"param.{n}", p) for n, p in m.named_parameters()]
+    ctx.perturb([p for _, p in params])
+    pool = {id(p): n for n, p in params}
+    state = {n: {k: ob.tensor(t, pool) if isinstance(t, torch.Tensor) else ob.non_tensor(t)
+                 for k, t in opt.state[p].items()} for n, p in params}
+    return {"losses": losses, "params": ob.tensors(params, pool), "state": state}
+
+
 def torchao_scenarios() -> list[Scenario]:
-    try:
-        import torchao  # noqa: F401
-        reason = None
-    except ImportError as e:
-        reason = f"torchao not installed ({e}); nothing is installed for it"
+    reason = _torchao_missing()
     if reason is not None:
         return [Scenario("torchao/all", "torchao", lambda ctx: {"skipped": reason})]
-    return [Scenario("torchao/all", "torchao", lambda ctx: {"skipped": "torchao scenarios not written yet"})]
+    out = [Scenario(f"torchao/{v}/{name}", "torchao", lambda ctx, n=name, v=v: run_torchao_model(ctx, n, v),
+                    full_only=v.startswith("compile_"), timeout=300)
+           for name in TORCHAO_MODELS for v in TORCHAO_VARIANTS]
+    out += [Scenario(f"torchao/{v}/adamw8bit", "torchao", lambda ctx, v=v: run_torchao_adamw8bit(ctx, v),
+                     full_only=True, timeout=600)
+            for v in ("eager", "audit", "pass")]
+    return out
 
 
 def registry() -> dict[str, Scenario]:
-    all_ = opdb_scenarios() + njt_scenarios() + dtensor_scenarios() + trace_scenarios() + torchao_scenarios()
+    from differential.transforms import opdb_tx_scenarios
+
+    all_ = (opdb_scenarios() + opdb_tx_scenarios() + njt_scenarios() + dtensor_scenarios()
+            + dtensor_compile_scenarios() + trace_scenarios() + torchao_scenarios())
     reg = {s.id: s for s in all_}
     assert len(reg) == len(all_), "duplicate scenario ids"
     return reg
