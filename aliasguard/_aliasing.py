@@ -29,7 +29,6 @@ call ``super().__init_subclass__()``, is not seen.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from typing import Any, Callable, Iterator, List, Optional, TypeVar
 
@@ -152,7 +151,7 @@ def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:
     if owner is None:  # from the fallback, on plain tensors: the innermost mode, if any, else a kernel
         modes = current_dispatch_modes()
         owner = modes[-1] if modes else None
-    report.record(error, owner, repaired, location=user_location(sys._getframe(1)))
+    report.record(error, owner, repaired, location=user_location())
     return True
 
 

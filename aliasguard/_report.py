@@ -19,8 +19,9 @@ import sys
 import sysconfig
 import threading
 from dataclasses import asdict, dataclass, field
-from types import FrameType
 from typing import Any, Optional
+
+from aliasguard import _C
 
 __all__ = ["AuditReport", "Violation", "VIOLATION_KINDS", "describe_violation", "json_report_path_problem"]
 
@@ -169,26 +170,21 @@ def _installed_dirs() -> tuple[str, ...]:
     )
 
 
-def user_location(frame: Optional[FrameType]) -> str:
+def user_location() -> str:
     """``path:line`` of the innermost frame of the user's own code.
 
     Skips torch, aliasguard and pytest; prefers code outside the standard
     library and installed packages (the script or test being run, or a
     library in development), else the innermost installed package's frame (a
-    library's dispatch glue).
+    library's dispatch glue). The walk itself is the one the C++ side makes
+    (see Note [Walking the Python stack for the user's line]).
     """
-    library, installed = _library_dirs(), _installed_dirs()
-    fallback: Optional[str] = None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        path = os.path.abspath(filename)
-        if not filename.startswith("<") and not path.startswith(library):
-            here = f"{_display_path(filename)}:{frame.f_lineno}"
-            if not path.startswith(installed):
-                return here
-            fallback = fallback or here
-        frame = frame.f_back
-    return fallback or _NO_FRAME
+    library = ("<",) + _library_dirs()
+    found = _C._innermost_user_frame([*library, *_installed_dirs()]) or _C._innermost_user_frame(list(library))
+    if found is None:
+        return _NO_FRAME
+    filename, line = found
+    return f"{_display_path(filename)}:{line}"
 
 
 def _display_path(filename: str) -> str:
@@ -278,7 +274,7 @@ class AuditReport:
         if not isinstance(op, str) or not isinstance(kind, str):
             raise TypeError(f"AuditReport.record(): expected an aliasguard.AliasingError, got {type(error).__name__}")
         if location is None:
-            location = user_location(sys._getframe(1))
+            location = user_location()
         violation = Violation(
             op=op,
             owner=owner if isinstance(owner, str) else owner_name(owner),

@@ -80,9 +80,7 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import warnings
-from types import FrameType
 from typing import (
     Any,
     Callable,
@@ -207,16 +205,12 @@ _LIBRARY_DIRS: Tuple[str, ...] = (
 def _user_location() -> str:
     """``file:line`` of the innermost frame that is not torch's or aliasguard's.
 
-    Walking frames is cheap (no traceback objects, no source lines read), and
-    holding only a string keeps no frame, and so none of its locals, alive.
+    The walk the C++ modes make (see Note [Walking the Python stack for the
+    user's line]); holding only a string keeps no frame, and so none of its
+    locals, alive.
     """
-    frame: Optional[FrameType] = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_LIBRARY_DIRS):
-            return f"{filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>"
+    found = _C._innermost_user_frame(list(_LIBRARY_DIRS))
+    return "<unknown>" if found is None else f"{found[0]}:{found[1]}"
 
 
 # ---------------------------------------------------------------------------

@@ -176,6 +176,19 @@ PYBIND11_MODULE(_C, m) {
       "_release_tracked_view_kernels", &autograd::release_tracked_view_kernels);
 
   m.def("_torch_internals_self_test", &utils::torch_internals_self_test);
+  // The one walk of the Python stack for "where in the user's code" (see
+  // Note [Walking the Python stack for the user's line]): (file, line) of the
+  // innermost frame whose file starts with none of `skip`, or None.
+  m.def(
+      "_innermost_user_frame",
+      [](const std::vector<std::string>& skip) -> py::object {
+        auto [code, line] = internals::innermost_user_frame(skip);
+        if (code.is_none()) {
+          return py::none();
+        }
+        return py::make_tuple(code.attr("co_filename"), line);
+      },
+      py::arg("skip"));
   internals::init_install_bindings(m);
 
   utils::init_alias_correction_bindings(m);

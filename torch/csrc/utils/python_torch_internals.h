@@ -74,8 +74,10 @@ pybind11::object operator_callable_of(PyObject* func);
 // PyCodeObject::co_filename is a field of a struct outside the stable ABI,
 // read directly because the attribute lookup (the public spelling) would run
 // on every cached op. Upstream: none needed in C++; Python's traceback module
-// does the same walk. Returns the code
-// object (None when every frame is a library's) and the line.
+// does the same walk. The only walk in aliasguard: the Python side
+// (checkpoint.py's call sites, the audit report's locations) calls it through
+// _C._innermost_user_frame with its own prefixes. Returns the code object
+// (None when every frame is a library's) and the line.
 std::pair<pybind11::object, int> innermost_user_frame(
     const std::vector<std::string>& library_prefixes);
 // "file:line" of a code object returned above.
