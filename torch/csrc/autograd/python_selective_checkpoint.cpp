@@ -30,6 +30,7 @@
 #include <torch/csrc/autograd/selective_checkpoint.h>
 #include <torch/csrc/autograd/selective_checkpoint_fast_path.h>
 #include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_dispatch_call.h>
 #include <torch/csrc/utils/python_op_arguments.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 #include <torch/csrc/utils/python_tracked_dispatch.h>
@@ -594,51 +595,41 @@ struct DispatchArgs {
   PyObject* kwargs; // a dict or None
 };
 
-// (self, func, types, args=(), kwargs=None), positionally or by keyword.
+// (self, func, types, args=(), kwargs=None), positionally or by keyword;
+// a malformed call is a TypeError (torch never makes one).
 DispatchArgs parse_dispatch_args(
     PyObject* const* stack,
     Py_ssize_t nargs,
     PyObject* kwnames) {
-  static const char* const names[] = {
-      "self", "func", "types", "args", "kwargs"};
-  PyObject* values[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
-  if (nargs > 5) {
+  const utils::TorchDispatchArguments read =
+      utils::read_torch_dispatch_arguments(stack, nargs, kwnames, nullptr);
+  if (read.too_many_positional) {
     throw torch::TypeError("__torch_dispatch__() takes at most 5 arguments");
   }
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    values[i] = stack[i];
-  }
-  const Py_ssize_t num_kw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
-  for (Py_ssize_t k = 0; k < num_kw; ++k) {
-    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
-    bool matched = false;
-    for (int i = 1; i < 5 && name != nullptr; ++i) {
-      if (std::string_view(name) == names[i]) {
-        values[i] = stack[nargs + k];
-        matched = true;
-      }
+  if (read.unknown_keyword != nullptr) {
+    const char* name = PyUnicode_AsUTF8(read.unknown_keyword);
+    if (name == nullptr) {
+      PyErr_Clear();
     }
-    if (!matched) {
-      throw torch::TypeError(
-          std::string(
-              "__torch_dispatch__() got an unexpected keyword argument '") +
-          (name == nullptr ? "?" : name) + "'");
-    }
+    throw torch::TypeError(
+        std::string(
+            "__torch_dispatch__() got an unexpected keyword argument '") +
+        (name == nullptr ? "?" : name) + "'");
   }
-  if (values[0] == nullptr || values[1] == nullptr) {
+  if (read.owner == nullptr || read.func == nullptr) {
     throw torch::TypeError("__torch_dispatch__() missing self or func");
   }
   static PyObject* empty = PyTuple_New(0);
-  PyObject* args = values[3] == nullptr ? empty : values[3];
+  PyObject* args = read.args == nullptr ? empty : read.args;
   if (!PyTuple_Check(args)) {
     throw torch::TypeError("__torch_dispatch__(): args must be a tuple");
   }
-  PyObject* kwargs = values[4] == nullptr ? Py_None : values[4];
+  PyObject* kwargs = read.kwargs == nullptr ? Py_None : read.kwargs;
   if (kwargs != Py_None && !PyDict_Check(kwargs)) {
     throw torch::TypeError(
         "__torch_dispatch__(): kwargs must be a dict or None");
   }
-  return {values[0], values[1], args, kwargs};
+  return {read.owner, read.func, args, kwargs};
 }
 
 // What both modes' __torch_dispatch__ share: parse the call, run ignored ops

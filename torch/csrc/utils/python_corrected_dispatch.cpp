@@ -1,5 +1,7 @@
 #include <torch/csrc/utils/python_corrected_dispatch.h>
 
+#include <torch/csrc/utils/python_dispatch_call.h>
+
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/alias_audit.h>
 #include <torch/csrc/utils/python_alias_correction.h>
@@ -37,29 +39,6 @@ struct CorrectedDispatch {
 
 PyTypeObject CorrectedDispatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// Argument `position` (counting the owner when it is passed), or the keyword
-// `name`, or nullptr.
-PyObject* call_argument(
-    PyObject* const* argv,
-    Py_ssize_t nargs,
-    PyObject* kwnames,
-    Py_ssize_t position,
-    const char* name) {
-  if (position < nargs) {
-    return argv[position];
-  }
-  if (kwnames != nullptr) {
-    const Py_ssize_t count = PyTuple_GET_SIZE(kwnames);
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      if (PyUnicode_CompareWithASCIIString(
-              PyTuple_GET_ITEM(kwnames, i), name) == 0) {
-        return argv[nargs + i];
-      }
-    }
-  }
-  return nullptr;
-}
-
 PyObject* corrected_dispatch_call(
     PyObject* callable,
     PyObject* const* argv,
@@ -67,21 +46,17 @@ PyObject* corrected_dispatch_call(
     PyObject* kwnames) {
   auto* self = reinterpret_cast<CorrectedDispatch*>(callable);
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  const Py_ssize_t shift = self->owner != nullptr ? 0 : 1;
-  PyObject* owner = self->owner;
-  if (owner == nullptr) {
-    owner = nargs > 0 ? argv[0] : Py_None;
-  }
-  PyObject* func = call_argument(argv, nargs, kwnames, shift, "func");
+  const TorchDispatchArguments read =
+      read_torch_dispatch_arguments(argv, nargs, kwnames, self->owner);
+  PyObject* owner = read.owner != nullptr ? read.owner : Py_None;
+  PyObject* func = read.func;
   const bool audit = is_alias_audit_enabled();
   const bool correct = func != nullptr && correction_applies(owner);
   if (func == nullptr || (!correct && !audit)) {
     return PyObject_Vectorcall(self->fn, argv, nargsf, kwnames); // stock
   }
-  PyObject* args = call_argument(argv, nargs, kwnames, shift + 2, "args");
-  PyObject* kwargs = call_argument(argv, nargs, kwnames, shift + 3, "kwargs");
-  args = args != nullptr ? args : empty_tuple;
-  kwargs = kwargs != nullptr ? kwargs : Py_None;
+  PyObject* args = read.args != nullptr ? read.args : empty_tuple;
+  PyObject* kwargs = read.kwargs != nullptr ? read.kwargs : Py_None;
   // See Note [Tracked __torch_dispatch__ bodies]
   std::optional<TrackedDispatchCall> call;
   if (translate_errors([&]() -> PyObject* {
