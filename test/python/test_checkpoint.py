@@ -914,6 +914,45 @@ def test_mutation_after_forward_is_caught_with_hooks_respected():
         s.sum().backward()
 
 
+@pytest.mark.skipif(not torch_has_respect_saved_tensors_hooks(), reason="torch lacks respect_saved_tensors_hooks")
+def test_a_pack_hook_that_raises_leaves_the_cache_aligned():
+    # The user's pack hook fails on the second cached output; the caller
+    # catches it and goes on inside the region. The recompute must run that
+    # call again and hand every other call its own output.
+    calls = {"pack": 0}
+
+    def pack(t):
+        calls["pack"] += 1
+        if calls["pack"] == 2:
+            raise KeyError("pack failed")
+        return t
+
+    def fn(x, w):
+        outs = [torch.mm(x, w)]
+        try:
+            torch.mm(x, w.t())
+        except KeyError:
+            outs.append(None)
+        outs.append(torch.mm(w, x))
+        return outs
+
+    forward, recompute = create_selective_checkpoint_contexts([aten.mm.default], fast_path=False)
+    forward.respect_saved_tensors_hooks = True
+    x, w = (t.detach() for t in mm_inputs())  # no autograd saves: only the cache packs
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with forward:
+            first, failed, third = fn(x, w)
+    assert failed is None and len(forward.cached_entries()) == 2
+    w_before = w.clone()
+    w.add_(1)  # an input: a call run again sees it, a cached one does not
+    with recompute:
+        again = [torch.mm(x, w), torch.mm(x, w.t()), torch.mm(w, x)]
+    assert torch.equal(again[0], first)
+    torch.testing.assert_close(again[1], x @ w.t())
+    assert torch.equal(again[2], third) and not torch.equal(third, w @ x)
+    torch.testing.assert_close(third, w_before @ x)
+
+
 # ---------------------------------------------------------------------------
 # The C++ __torch_dispatch__ (see Note [SAC dispatch without Python frames])
 

@@ -555,37 +555,52 @@ void cache_outputs(
   std::vector<const at::Tensor*> tensors;
   EntryValue entry;
   entry.value = detach_outputs(out, tensors);
+  // `tensors` point into the detached value: keep it alive until the cache
+  // has read their counters, even if a pack hook replaces entry.value.
+  const py::object detached = entry.value;
   std::tie(entry.code, entry.line) = user_frame();
   entry.unpack = py::none();
-  state.cache.record_cached(func, tensors);
   // With the user's saved-tensors hooks in force (and asked for), the cache
-  // keeps what their pack hook makes of the outputs; the counters above
-  // still watch the outputs themselves.
-  const Config& cfg = config();
-  py::object top = py::reinterpret_steal<py::object>(
-      PyObject_CallNoArgs(cfg.top_hooks.ptr()));
-  if (!top) {
-    throw python_error();
-  }
-  if (!top.is_none()) {
-    py::object hooks = py::reinterpret_steal<py::object>(
-        PyObject_CallOneArg(cfg.user_hooks.ptr(), mode));
-    if (!hooks) {
+  // keeps what their pack hook makes of the outputs; the counters still
+  // watch the outputs themselves. The hooks run before anything is recorded;
+  // a hook that raises makes this call one the recompute runs again (the op
+  // itself succeeded), so the cache and `values` stay index-aligned and the
+  // recompute's calls keep matching the forward's.
+  try {
+    const Config& cfg = config();
+    py::object top = py::reinterpret_steal<py::object>(
+        PyObject_CallNoArgs(cfg.top_hooks.ptr()));
+    if (!top) {
       throw python_error();
     }
-    if (!hooks.is_none()) {
-      py::tuple pair = hooks.cast<py::tuple>();
-      py::object packed =
-          py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
-              cfg.pack_value.ptr(), entry.value.ptr(), pair[0].ptr(), nullptr));
-      if (!packed) {
+    if (!top.is_none()) {
+      py::object hooks = py::reinterpret_steal<py::object>(
+          PyObject_CallOneArg(cfg.user_hooks.ptr(), mode));
+      if (!hooks) {
         throw python_error();
       }
-      entry.value = std::move(packed);
-      entry.unpack = pair[1];
+      if (!hooks.is_none()) {
+        py::tuple pair = hooks.cast<py::tuple>();
+        py::object packed =
+            py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
+                cfg.pack_value.ptr(),
+                entry.value.ptr(),
+                pair[0].ptr(),
+                nullptr));
+        if (!packed) {
+          throw python_error();
+        }
+        entry.value = std::move(packed);
+        entry.unpack = pair[1];
+      }
     }
+  } catch (...) {
+    state.cache.record_recompute(func);
+    throw;
   }
-  state.values.push_back(std::move(entry));
+  state.values.reserve(state.values.size() + 1);
+  state.cache.record_cached(func, tensors);
+  state.values.push_back(std::move(entry)); // cannot throw: reserved
 }
 
 struct DispatchArgs {

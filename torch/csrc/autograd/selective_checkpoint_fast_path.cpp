@@ -355,14 +355,24 @@ void FastPathRegion::record(
     const torch::jit::Stack& stack,
     c10::ArrayRef<c10::IValue> arguments) {
   const size_t num_returns = op.schema().returns().size();
-  if (policy_ != nullptr &&
-      !policy_->saves(
+  if (policy_ != nullptr) {
+    bool saves = false;
+    try {
+      saves = policy_->saves(
           op,
           arguments,
-          c10::ArrayRef<c10::IValue>(stack).slice(
-              stack.size() - num_returns))) {
-    cache_.record_recompute(key_of(op));
-    return;
+          c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - num_returns));
+    } catch (...) {
+      // The op ran; a caller that catches the error and goes on must still
+      // find the recompute's calls matching the forward's: this one is run
+      // again.
+      cache_.record_recompute(key_of(op));
+      throw;
+    }
+    if (!saves) {
+      cache_.record_recompute(key_of(op));
+      return;
+    }
   }
   std::vector<c10::IValue> outputs;
   outputs.reserve(num_returns);
