@@ -3,6 +3,8 @@
 
 #include <torch/csrc/autograd/selective_checkpoint.h>
 
+#include <c10/core/VersionCounterUtils.h>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -98,6 +100,37 @@ TEST(SelectiveCheckpointCache, InferenceTensorsAreNotWatched) {
   EXPECT_FALSE(cache.has_cached_outputs());
   EXPECT_FALSE(cache.find_cached(*inference.unsafeGetTensorImpl()).has_value());
   EXPECT_FALSE(cache.changed_output(entry).has_value());
+}
+
+} // namespace
+
+namespace {
+
+// See Note [A batched matmul's result shares the cached counter].
+TEST(SelectiveCheckpointCache, UnsafeViewSharesTheCounterOnlyOfACachedInput) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  SelectiveCheckpointCache cache;
+  at::Tensor cached = at::randn({2, 3, 4});
+  at::Tensor other = at::randn({2, 3, 4});
+  cache.record_cached(kMm, {&cached});
+
+  at::Tensor from_other = at::_unsafe_view(other, {6, 4});
+  cache.share_counter_if_cached(other, from_other);
+  EXPECT_FALSE(aliasguard::shares_version_counter(
+      *from_other.unsafeGetTensorImpl(), *other.unsafeGetTensorImpl()));
+
+  at::Tensor from_cached = at::_unsafe_view(cached, {6, 4});
+  ASSERT_FALSE(aliasguard::shares_version_counter(
+      *from_cached.unsafeGetTensorImpl(), *cached.unsafeGetTensorImpl()));
+  cache.share_counter_if_cached(cached, from_cached);
+  EXPECT_TRUE(aliasguard::shares_version_counter(
+      *from_cached.unsafeGetTensorImpl(), *cached.unsafeGetTensorImpl()));
+
+  // A copy is never given a counter that is not its memory's.
+  at::Tensor copy = cached.reshape({6, 4}).clone();
+  cache.share_counter_if_cached(cached, copy);
+  EXPECT_FALSE(aliasguard::shares_version_counter(
+      *copy.unsafeGetTensorImpl(), *cached.unsafeGetTensorImpl()));
 }
 
 } // namespace

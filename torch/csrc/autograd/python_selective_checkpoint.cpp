@@ -385,25 +385,17 @@ void check_forward_write(
   });
 }
 
-// Below autograd aten::_unsafe_view returns its input's memory under a
-// counter of its own (its schema claims a fresh tensor). Once that memory can
-// be cached it is no longer private: give the output its input's counter, so
-// that a write through the result of `x @ w` is seen.
-void share_unsafe_view_counter(PyObject* out, PyObject* args) {
+// See Note [A batched matmul's result shares the cached counter].
+void share_unsafe_view_counter(
+    const SelectiveCheckpointCache& cache,
+    PyObject* out,
+    PyObject* args) {
   if (PyTuple_GET_SIZE(args) == 0 || !is_tensor(out) ||
       !is_tensor(PyTuple_GET_ITEM(args, 0))) {
     return;
   }
-  const at::Tensor& result = THPVariable_Unpack(out);
-  const at::Tensor& source = THPVariable_Unpack(PyTuple_GET_ITEM(args, 0));
-  c10::TensorImpl* result_impl = result.unsafeGetTensorImpl();
-  const c10::TensorImpl* source_impl = source.unsafeGetTensorImpl();
-  if (result.is_inference() || source.is_inference() ||
-      !result.is_alias_of(source) ||
-      shares_version_counter(*result_impl, *source_impl)) {
-    return;
-  }
-  share_version_counter(*result_impl, *source_impl);
+  cache.share_counter_if_cached(
+      THPVariable_Unpack(PyTuple_GET_ITEM(args, 0)), THPVariable_Unpack(out));
 }
 
 // Whether `policy_fn(ctx, func, *args, **kwargs)` says to keep the output
@@ -677,7 +669,7 @@ PyObject* forward_dispatch_body(
   }
   py::object out = run_op(call.mode, info, call.args, call.kwargs);
   if (info.is_unsafe_view) {
-    share_unsafe_view_counter(out.ptr(), call.args);
+    share_unsafe_view_counter(state.cache, out.ptr(), call.args);
   }
   const bool save =
       policy_saves(state, info, call.func, call.args, call.kwargs, out.ptr());

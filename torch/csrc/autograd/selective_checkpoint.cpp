@@ -52,6 +52,23 @@ std::optional<SelectiveCheckpointCache::CachedOutput> SelectiveCheckpointCache::
   return it->second;
 }
 
+void SelectiveCheckpointCache::share_counter_if_cached(
+    const at::Tensor& input,
+    const at::Tensor& output) const {
+  // See Note [A batched matmul's result shares the cached counter].
+  if (by_counter_.empty() || !input.defined() || !output.defined() ||
+      !has_version_counter(*output.unsafeGetTensorImpl()) ||
+      !output.is_alias_of(input) ||
+      !find_cached(*input.unsafeGetTensorImpl()).has_value()) {
+    return;
+  }
+  c10::TensorImpl* output_impl = output.unsafeGetTensorImpl();
+  const c10::TensorImpl* input_impl = input.unsafeGetTensorImpl();
+  if (!shares_version_counter(*output_impl, *input_impl)) {
+    share_version_counter(*output_impl, *input_impl);
+  }
+}
+
 void SelectiveCheckpointCache::end_forward() {
   by_counter_.clear();
 }

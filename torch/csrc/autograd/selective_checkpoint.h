@@ -73,6 +73,17 @@ class ALIASGUARD_API SelectiveCheckpointCache {
   bool has_cached_outputs() const {
     return !by_counter_.empty();
   }
+  // Note [A batched matmul's result shares the cached counter]
+  // aten::_unsafe_view (the end of every batched `x @ w`) returns its
+  // input's memory under a counter of its own: its schema claims a fresh
+  // tensor. Once that input is a cached output, the memory is no longer
+  // private, so in the forward pass the output is given the input's counter
+  // and a write through the result of `x @ w` is seen. Anywhere else the
+  // output keeps its own counter, as in stock. Both engines call this for
+  // every _unsafe_view of the forward pass.
+  void share_counter_if_cached(
+      const at::Tensor& input,
+      const at::Tensor& output) const;
   // Forgets the counter index (the forward pass is over).
   void end_forward();
 

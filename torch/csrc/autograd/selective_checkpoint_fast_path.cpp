@@ -534,14 +534,7 @@ bool FastPathRegion::hand_back(
 void FastPathRegion::share_unsafe_view_counter(
     const at::Tensor& input,
     const at::Tensor& output) const {
-  if (!cache_.has_cached_outputs() || !input.defined() || !output.defined() ||
-      !has_version_counter(*output.unsafeGetTensorImpl())) {
-    return;
-  }
-  if (cache_.find_cached(*input.unsafeGetTensorImpl()).has_value()) {
-    output.unsafeGetTensorImpl()->set_version_counter(
-        input.unsafeGetTensorImpl()->version_counter());
-  }
+  cache_.share_counter_if_cached(input, output);
 }
 
 std::vector<FastPathRegion::EntryView> FastPathRegion::entries() const {

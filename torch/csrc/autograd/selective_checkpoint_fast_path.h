@@ -56,10 +56,10 @@ namespace aliasguard::autograd {
 // reach the key), and calls whose outputs are tensor subclasses (their
 // aliases would be made by the subclass, which may not share the counter).
 //
-// aten::_unsafe_view shares its input's memory but not its counter. While a
-// region's forward phase runs, the kernel gives its output the input's
-// counter when the input is a cached output, so that a write through the
-// result of a batched matmul is seen.
+// aten::_unsafe_view shares its input's memory but not its counter: see
+// Note [A batched matmul's result shares the cached counter] in
+// selective_checkpoint.h, which the kernel applies while a region's forward
+// phase runs.
 
 // Note [Function policies below autograd]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
