@@ -74,6 +74,7 @@ class ALIASGUARD_API SelectiveCheckpointCache {
     return !by_counter_.empty();
   }
   // Note [A batched matmul's result shares the cached counter]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // aten::_unsafe_view (the end of every batched `x @ w`) returns its
   // input's memory under a counter of its own: its schema claims a fresh
   // tensor. Once that input is a cached output, the memory is no longer
