@@ -161,13 +161,19 @@ def _saved_view_autograd(d: Diff) -> bool:
 def _wrapper_takes_inplace_sizes(d: Diff) -> bool:
     # A wrapper argument of an in-place op takes the sizes the op returned (t_, resize_, squeeze_ inside
     # composite ops): the wrapper's output then has the shape the op has on plain tensors; stock's has not.
-    if _mode(d) not in ("wrapper", "twotensor") or d.path[:1] != ("outs",):
+    # opdb/<mode>/...: path outs/outN/<key>; opdb_tx/compile_*/<mode>/...: calls/<i>/outs/outN/<key>, where the
+    # wrapper's body runs outside dynamo's graph (a graph break in it) on real tensors, as in eager.
+    if _mode(d) not in ("wrapper", "twotensor") or d.key not in ("shape", "stride"):
         return False
-    if d.key not in ("shape", "stride") or len(d.path) != 3:
+    if d.family == "opdb" and len(d.path) == 3 and d.path[0] == "outs":
+        ag, stock = d.ag_rec["outs"], d.stock_rec["outs"]
+    elif d.family == "opdb_tx" and len(d.path) == 5 and d.path[0] == "calls" and d.path[2] == "outs":
+        ag, stock = d.ag_rec["calls"][d.path[1]]["outs"], d.stock_rec["calls"][d.path[1]]["outs"]
+    else:
         return False
-    n = int(d.path[1][3:])
-    plain = d.ag_rec["plain_shapes"][n]
-    return d.ag_rec["outs"][d.path[1]]["shape"] == plain and d.stock_rec["outs"][d.path[1]]["shape"] != plain
+    name = d.path[-2]
+    plain = d.ag_rec["plain_shapes"][int(name[3:])]
+    return ag[name]["shape"] == plain and stock[name]["shape"] != plain
 
 
 DETACH = "aten.detach.default"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Differential runner: each scenario in a stock worker and an aliasguard worker, records compared.
 
-    python test/differential/run.py                 # everything (inductor included), ~7 min on 2 cores
+    python test/differential/run.py                 # everything (inductor included), ~12 min on 2 cores
     python test/differential/run.py --sample 120    # a deterministic subset across every family
     python test/differential/run.py --filter 'njt/compile' --json out.json
     python test/differential/run.py --baseline ...  # both workers stock: measures the harness's own noise

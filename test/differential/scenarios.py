@@ -175,6 +175,12 @@ class CompileSavingMode(SavingMode):
         return True
 
 
+class CompileDataMode(DataMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
 class Wrapper(torch.Tensor):
     """A minimal wrapper subclass, written the way many are: rewrap every output, ignore aliasing."""
 
@@ -386,6 +392,90 @@ def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grad
     return rec
 
 
+# --- make_fx and torch.func helpers (a subclass's ops, NJT and DTensor) ---------------------
+
+
+def traced(ctx: Context, fn: Callable, make_input: Callable[[], torch.Tensor], tracing_mode: str,
+           functionalize: bool = False, extra: Callable[[Any], dict] | None = None) -> dict:
+    """``make_fx(fn)`` (of ``torch.func.functionalize(fn)`` if asked) on ``make_input()``: the graph's code and the
+    outputs seen while tracing (no values), then the graph run on a fresh input: outputs and the argument.
+
+    ``extra(out)`` adds to the record of the graph's run (DTensor placements)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = make_input()
+    seen: dict[str, Any] = {}
+
+    def f(t: torch.Tensor) -> Any:
+        out = fn(t)
+        seen["out"] = out
+        return out
+
+    g = torch.func.functionalize(f) if functionalize else f
+    gm, err = call(lambda: make_fx(g, tracing_mode=tracing_mode)(x))
+    if err is not None:
+        return {"trace": err}
+    rec: dict[str, Any] = {"code": _graph_code(gm)}
+    traced_outs = ob.named("out", seen.get("out"))
+    pool = {id(x): "arg0"}
+    pool.update({id(t): n for n, t in traced_outs})
+    rec["traced_outs"] = ob.tensors(traced_outs, pool, with_value=False)
+    fresh = make_input()
+    out, err = call(lambda: gm(fresh))
+    if err is not None:
+        rec["run"] = err
+        return rec
+    outs = ob.named("out", out)
+    ctx.perturb([t for _, t in outs])
+    pool = {id(fresh): "arg0"}
+    pool.update({id(t): n for n, t in outs})
+    rec["outs"] = ob.tensors(outs, pool)
+    rec["args"] = ob.tensors([("arg0", fresh)], pool)
+    if extra is not None:
+        rec.update(extra(out))
+    return rec
+
+
+def func_transform(ctx: Context, fn: Callable, x: torch.Tensor, transform: str,
+                   extra: Callable[[Any], dict] | None = None) -> dict:
+    """``torch.func.grad`` (of the sum of every floating output, outputs as aux) or ``torch.func.vjp`` (cotangents
+    of ones) of ``fn`` at ``x``: gradients and outputs. An exception is recorded as the step's."""
+
+    def floating(out: Any) -> list[torch.Tensor]:
+        return [o for o in ob.flat_tensors(out) if o.is_floating_point()]
+
+    if transform == "grad":
+        def loss(t: torch.Tensor) -> tuple[Any, Any]:
+            out = fn(t)
+            return sum(o.sum() for o in floating(out)), out
+
+        res, err = call(lambda: torch.func.grad(loss, has_aux=True)(x))
+        if err is not None:
+            return {"call": err}
+        grads, out = res
+        gr = ob.named("grad", grads)
+        ctx.perturb([t for _, t in gr])
+        rec = {"grads": ob.tensors(gr, {}), "outs": ob.tensors(ob.named("out", out), {})}
+    elif transform == "vjp":
+        res, err = call(lambda: torch.func.vjp(lambda t: tuple(floating(fn(t))), x))
+        if err is not None:
+            return {"call": err}
+        out, vjp_fn = res
+        rec = {"outs": ob.tensors(ob.named("out", out), {})}
+        grads, err = call(lambda: vjp_fn(tuple(torch.ones_like(t) for t in out)))
+        if err is not None:
+            rec["vjp"] = err
+            return rec
+        gr = ob.named("grad", grads)
+        ctx.perturb([t for _, t in gr])
+        rec["grads"] = ob.tensors(gr, {})
+    else:
+        raise ValueError(transform)
+    if extra is not None:
+        rec.update(extra(out))
+    return rec
+
+
 # --- family 2: nested jagged tensors -----------------------------------------------------
 
 
@@ -416,7 +506,15 @@ NJT_OPS: dict[str, Callable] = {
     "values": lambda t: t.values(),
     "inplace_mul": _njt_inplace,
 }
-NJT_VARIANTS = ("eager", "audit", "fake", "compile_eager", "compile_aot_eager")
+NJT_VARIANTS = ("eager", "audit", "fake", "compile_eager", "compile_aot_eager",
+                "make_fx", "make_fx_fake", "make_fx_symbolic", "functionalize", "functionalize_eager", "grad", "vjp",
+                "compile_inductor")
+# make_fx traces an NJT in symbolic mode only (real and fake raise on its nested int); make_fx of
+# torch.func.functionalize raises in every mode, so functionalize_eager runs the functionalized function without
+# make_fx. torch.func.grad / vjp over an NJT raise for most ops in stock: the exception type is what is compared.
+NJT_TRACING = {"make_fx": ("real", False), "make_fx_fake": ("fake", False), "make_fx_symbolic": ("symbolic", False),
+               "functionalize": ("symbolic", True)}
+NJT_INDUCTOR_OPS = ("sin_mul2", "transpose", "inplace_mul")  # a fusion, a view, an in-place op; full run only
 
 
 def run_njt(ctx: Context, opname: str, variant: str) -> dict:
@@ -424,6 +522,21 @@ def run_njt(ctx: Context, opname: str, variant: str) -> dict:
     if variant.startswith("compile_"):
         backend = variant[len("compile_"):]
         return compiled(ctx, fn, [(_njt(),), (_njt(),)], backend)
+    if variant in NJT_TRACING:
+        mode, functionalize = NJT_TRACING[variant]
+        return traced(ctx, fn, lambda: _njt(requires_grad=False), mode, functionalize)
+    if variant in ("grad", "vjp"):
+        return func_transform(ctx, fn, _njt(requires_grad=False), variant)
+    if variant == "functionalize_eager":
+        nt = _njt(requires_grad=False)
+        out, err = call(lambda: torch.func.functionalize(fn)(nt))
+        if err is not None:
+            return {"call": err}
+        outs = ob.named("out", out)
+        ctx.perturb([t for _, t in outs])
+        pool = {id(nt): "arg0"}
+        pool.update({id(t): n for n, t in outs})
+        return {"outs": ob.tensors(outs, pool), "args": ob.tensors([("arg0", nt)], pool)}
     if variant == "fake":
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -454,8 +567,9 @@ def run_njt(ctx: Context, opname: str, variant: str) -> dict:
 
 
 def njt_scenarios() -> list[Scenario]:
-    return [Scenario(f"njt/{v}/{op}", "njt", lambda ctx, op=op, v=v: run_njt(ctx, op, v), timeout=120)
-            for op in NJT_OPS for v in NJT_VARIANTS]
+    return [Scenario(f"njt/{v}/{op}", "njt", lambda ctx, op=op, v=v: run_njt(ctx, op, v),
+                     full_only=(v == "compile_inductor"), timeout=600 if v == "compile_inductor" else 120)
+            for op in NJT_OPS for v in NJT_VARIANTS if v != "compile_inductor" or op in NJT_INDUCTOR_OPS]
 
 
 # --- family 3: DTensor on gloo, world size 1 ---------------------------------------------
@@ -501,17 +615,69 @@ def _view_then_inplace(t):
     return y, v
 
 
-DTENSOR_VARIANTS = ("eager", "audit", "pass")
+DTENSOR_VARIANTS = ("eager", "audit", "pass", "fake", "fake_local", "make_fx", "make_fx_fake", "functionalize",
+                    "grad", "vjp")
 PLACEMENTS = ("shard0", "replicate")
+# fake: FakeTensorMode.from_tensor of a DTensor (how dynamo fakeifies one); fake_local: DTensor.from_local of a
+# fake local tensor inside FakeTensorMode. make_fx traces at the DTensor level (the graph's inputs are DTensors).
+DTENSOR_TRACING = {"make_fx": ("real", False), "make_fx_fake": ("fake", False), "functionalize": ("real", True)}
 
 
-def run_dtensor(ctx: Context, opname: str, variant: str, placement: str) -> dict:
+def _placements(out: Any) -> dict:
+    return {"placements": [ob.safe(lambda t=t: str(t.placements)) for t in ob.flat_tensors(out)]}
+
+
+def _dtensor(placement: str, requires_grad: bool = True) -> torch.Tensor:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = _mesh()
     torch.manual_seed(0)
     base = torch.randn(4, 6)
-    dt = distribute_tensor(base, mesh, [Shard(0) if placement == "shard0" else Replicate()]).requires_grad_()
+    dt = distribute_tensor(base, mesh, [Shard(0) if placement == "shard0" else Replicate()])
+    return dt.requires_grad_(requires_grad)
+
+
+def run_dtensor_fake(ctx: Context, opname: str, variant: str, placement: str) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    fn = DTENSOR_OPS[opname]
+    dt = _dtensor(placement)
+    with FakeTensorMode() as fm:
+        if variant == "fake":
+            made, err = call(lambda: fm.from_tensor(dt))
+            leaves = [("arg0", made)]
+        else:
+            torch.manual_seed(0)
+            local = fm.from_tensor(torch.randn(4, 6)).requires_grad_()
+            pl = [Shard(0) if placement == "shard0" else Replicate()]
+            made, err = call(lambda: DTensor.from_local(local, _mesh(), pl))
+            leaves = [("arg0", made), ("local", local)]
+        if err is not None:
+            return {"from_tensor": err}
+        pool = {id(t): n for n, t in leaves}
+        out, err = call(lambda: fn(made))
+        if err is not None:
+            return {"call": err}
+        outs = ob.named("out", out)
+        ctx.perturb([t for _, t in outs])
+        pool.update({id(t): n for n, t in outs})
+        rec = {"outs": ob.tensors(outs, pool, with_value=False), "args": ob.tensors(leaves, pool, with_value=False)}
+        rec.update(_placements(out))
+        rec["backward"] = backward_record([t for _, t in outs], leaves)
+    return rec
+
+
+def run_dtensor(ctx: Context, opname: str, variant: str, placement: str) -> dict:
+    if variant in ("fake", "fake_local"):
+        return run_dtensor_fake(ctx, opname, variant, placement)
+    if variant in DTENSOR_TRACING:
+        mode, functionalize = DTENSOR_TRACING[variant]
+        return traced(ctx, DTENSOR_OPS[opname], lambda: _dtensor(placement, False), mode, functionalize,
+                      extra=_placements)
+    if variant in ("grad", "vjp"):
+        return func_transform(ctx, DTENSOR_OPS[opname], _dtensor(placement, False), variant, extra=_placements)
+    dt = _dtensor(placement)
     leaves = [("arg0", dt)]
     pool = {id(dt): "arg0"}
     cm = {"audit": ctx.audit, "pass": PassMode}.get(variant, contextlib.nullcontext)()
@@ -523,7 +689,7 @@ def run_dtensor(ctx: Context, opname: str, variant: str, placement: str) -> dict
         ctx.perturb([t for _, t in outs])
         pool.update({id(t): n for n, t in outs})
         rec = {"outs": ob.tensors(outs, pool), "args": ob.tensors(leaves, pool)}
-        rec["placements"] = [ob.safe(lambda t=t: str(t.placements)) for _, t in outs]
+        rec.update(_placements(out))
         rec["backward"] = backward_record([t for _, t in outs], leaves)
     return rec
 
@@ -543,11 +709,7 @@ def run_dtensor_compile(ctx: Context, opname: str, backend: str) -> dict:
     mesh = _mesh()
     torch.manual_seed(0)
     dt = distribute_tensor(torch.randn(4, 6), mesh, [Shard(0)]).requires_grad_()
-
-    def placements(out: Any) -> dict:
-        return {"placements": [ob.safe(lambda t=t: str(t.placements)) for t in ob.flat_tensors(out)]}
-
-    return compiled(ctx, DTENSOR_OPS[opname], [(dt,)], backend, dynamic=False, extra=placements)
+    return compiled(ctx, DTENSOR_OPS[opname], [(dt,)], backend, dynamic=False, extra=_placements)
 
 
 def dtensor_compile_scenarios() -> list[Scenario]:

@@ -3,7 +3,9 @@
 ``opdb_tx/<transform>/<mode>/<op>``: the op's first sample (float32 CPU) with the
 ``pass`` mode (a pass-through ``TorchDispatchMode``), the ``saving`` mode (keeps
 every output and a ``view_as`` of it, records what it sees inside
-``__torch_dispatch__``) or ``twotensor`` arguments, under one of:
+``__torch_dispatch__``), the ``datamode`` mode (answers view ops with
+``func(args[0].data, ...)``), ``twotensor`` arguments or ``wrapper`` arguments
+(the harness's ``_make_wrapper_subclass`` wrapper, which rewraps every output), under one of:
 
 ``fake``            ``FakeTensorMode``, inputs through ``from_tensor``; metadata, no values
 ``make_fx``         real tracing; the graph's code, then the graph run on fresh inputs
@@ -28,10 +30,12 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from differential import observe as ob
-from differential.scenarios import (NO_VALUES, CompilePassMode, CompileSavingMode, Context, PassMode, SavingMode,
-                                    Scenario, _graph_code, _wrap_args, backward_record, call, compiled, opdb)
+from differential.scenarios import (NO_VALUES, CompileDataMode, CompilePassMode, CompileSavingMode, Context, DataMode,
+                                    PassMode, SavingMode, Scenario, _graph_code, _plain_shapes, _wrap_args,
+                                    backward_record, call, compiled, opdb)
 
-TX_MODES = ("pass", "twotensor", "saving")
+TX_MODES = ("pass", "twotensor", "saving", "datamode", "wrapper")
+WRAPPED = ("twotensor", "wrapper")  # modes that are argument subclasses, not dispatch modes
 TX_TRANSFORMS = ("fake", "make_fx", "functionalize", "grad", "vjp", "vmap",
                  "compile_eager", "compile_aot_eager", "compile_inductor")
 
@@ -61,17 +65,19 @@ def _mode(mode: str, compiling: bool = False) -> Any:
         return CompilePassMode() if compiling else PassMode()
     if mode == "saving":
         return CompileSavingMode() if compiling else SavingMode()
+    if mode == "datamode":
+        return CompileDataMode() if compiling else DataMode()
     return contextlib.nullcontext()
 
 
 def _inputs(op: Any, mode: str, requires_grad: bool) -> tuple[Any, Any, Any] | None:
-    """The op's first sample as (input, args, kwargs), TwoTensor-wrapped for the twotensor mode."""
+    """The op's first sample as (input, args, kwargs), its floating tensors wrapped for twotensor and wrapper."""
     torch.manual_seed(0)
     sample = next(iter(op.sample_inputs("cpu", torch.float32, requires_grad=requires_grad)), None)
     if sample is None:
         return None
     obj = (sample.input, sample.args, sample.kwargs)
-    return _wrap_args(obj, "twotensor") if mode == "twotensor" else obj
+    return _wrap_args(obj, mode) if mode in WRAPPED else obj
 
 
 def _saving_record(m: Any, pool: dict[int, str]) -> dict:
@@ -175,11 +181,33 @@ def run_make_fx(ctx: Context, op: Any, mode: str, functionalize: bool) -> dict:
     pool = {id(t): n for n, t in leaves + outs}
     rec["outs"] = ob.tensors(outs, pool, with_values)
     rec["args"] = ob.tensors(leaves, pool, with_values)
+    if mode == "wrapper":
+        rec["plain_shapes"] = _plain_shapes(op, 0)  # what the outputs look like on plain tensors
     return rec
 
 
+def _plain_reference(op: Any, transform: str) -> dict:
+    """The same torch.func transform on plain tensors, reduced to what a wrapper's record is checked against:
+    output shapes, gradient shapes and strides, the exception of a step."""
+    rec = run_func(Context("stock", None, ""), op, "plain", transform)
+    ref: dict[str, Any] = {k: v["exc"] for k, v in rec.items() if isinstance(v, dict) and "exc" in v}
+    for key in ("outs", "grads"):
+        if isinstance(rec.get(key), dict):
+            ref[key] = {n: {"shape": t["shape"], "stride": t.get("stride")} for n, t in rec[key].items()}
+    return ref
+
+
 def run_func(ctx: Context, op: Any, mode: str, transform: str) -> dict:
-    """torch.func.grad / vjp over every floating argument, or vmap over a batch of two inputs."""
+    """torch.func.grad / vjp over every floating argument, or vmap over a batch of two inputs.
+
+    With ``wrapper`` arguments the record also holds the transform's result on plain tensors (``plain``)."""
+    rec = _run_func(ctx, op, mode, transform)
+    if mode == "wrapper" and "skipped" not in rec:
+        rec["plain"] = _plain_reference(op, transform)
+    return rec
+
+
+def _run_func(ctx: Context, op: Any, mode: str, transform: str) -> dict:
     obj = _inputs(op, mode, False)
     if obj is None:
         return {"skipped": "no sample"}
@@ -259,6 +287,8 @@ def run_compile(ctx: Context, op: Any, mode: str, backend: str) -> dict:
                    with_values=not NO_VALUES.search(op.name))
     if isinstance(m, SavingMode):
         rec.update(_saving_record(m, {}))
+    if mode == "wrapper":
+        rec["plain_shapes"] = _plain_shapes(op, 0)
     return rec
 
 
