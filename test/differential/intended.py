@@ -6,6 +6,8 @@ difference that no rule here and no known bug in expected.py matches fails the r
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -163,6 +165,9 @@ def _wrapper_takes_inplace_sizes(d: Diff) -> bool:
     # composite ops): the wrapper's output then has the shape the op has on plain tensors; stock's has not.
     # opdb/<mode>/...: path outs/outN/<key>; opdb_tx/compile_*/<mode>/...: calls/<i>/outs/outN/<key>, where the
     # wrapper's body runs outside dynamo's graph (a graph break in it) on real tensors, as in eager.
+    if d.family == "opdb_tx" and d.op == "wrapper" and d.variant in ("make_fx", "functionalize", "grad", "vjp",
+                                                                     "vmap"):
+        return _wrapper_inplace_sizes_outside_tracing(d)
     if _mode(d) not in ("wrapper", "twotensor") or d.key not in ("shape", "stride"):
         return False
     if d.family == "opdb" and len(d.path) == 3 and d.path[0] == "outs":
@@ -174,6 +179,47 @@ def _wrapper_takes_inplace_sizes(d: Diff) -> bool:
     name = d.path[-2]
     plain = d.ag_rec["plain_shapes"][int(name[3:])]
     return ag[name]["shape"] == plain and stock[name]["shape"] != plain
+
+
+def _shape_is_plain(d: Diff, outs_key: str, plain: list) -> bool:
+    # path <outs_key>/outN/<shape|stride>: aliasguard's output has the op's shape on plain tensors, stock's not
+    if len(d.path) != 3 or d.path[0] != outs_key or d.key not in ("shape", "stride"):
+        return False
+    name = d.path[1]
+    want = plain[int(name[3:])]
+    return d.ag_rec[outs_key][name]["shape"] == want and d.stock_rec[outs_key][name]["shape"] != want
+
+
+def _wrapper_inplace_sizes_outside_tracing(d: Diff) -> bool:
+    """The same correction where the wrapper's body runs with no tracing infrastructure to see.
+
+    make_fx / functionalize: the traced graph run afterwards on the wrapper inputs (path outs/...; while
+    tracing, traced_outs and the graph code are stock's). torch.func grad / vjp / vmap: functorch hands the
+    body its unwrapped tensors below its own layer, where no transform is visible, so the body is corrected
+    as in eager; the outputs then have the plain op's shapes, their gradients the plain run's strides, and a
+    vjp on stock's stale shape raises where the plain run's and aliasguard's do not.
+    """
+    if d.variant in ("make_fx", "functionalize"):
+        return _shape_is_plain(d, "outs", d.ag_rec["plain_shapes"])
+    ref = d.ag_rec["plain"]
+    if d.path[:1] == ("outs",):
+        return _shape_is_plain(d, "outs", [ref["outs"][n]["shape"] for n in sorted(ref["outs"], key=_index)])
+    outs_plain = all(t["shape"] == ref["outs"][n]["shape"] for n, t in d.ag_rec["outs"].items())
+    if d.path[:1] == ("grads",) and len(d.path) >= 3 and d.path[2] == "stride":
+        name = d.path[1]
+        want = ref["grads"][name]["stride"]
+        return outs_plain and d.ag_rec["grads"][name]["stride"] == want and d.stock_rec["grads"][name]["stride"] != want
+    if d.path == ("vjp", "exc"):
+        return outs_plain and d.stock == "RuntimeError" and d.ag == "<no exception>" and "vjp" not in ref
+    if d.path == ("grads",):
+        grads = d.ag_rec["grads"]
+        return (outs_plain and "grads" not in d.stock_rec and "vjp" in d.stock_rec
+                and {n: {"shape": t["shape"], "stride": t["stride"]} for n, t in grads.items()} == ref["grads"])
+    return False
+
+
+def _index(name: str) -> int:
+    return int(re.sub(r"\D", "", name))
 
 
 DETACH = "aten.detach.default"

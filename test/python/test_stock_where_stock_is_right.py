@@ -315,6 +315,23 @@ def test_correction_is_skipped_while_a_functorch_transform_runs():
     assert seen
 
 
+def test_wrapper_in_place_answers_are_left_as_stock_while_make_fx_traces():
+    # See Note [make_fx tracing is seen through fx's flag]. WrapperTensor
+    # answers zero_ with a fresh wrapper; in eager the correction hands back
+    # the argument (the control), while make_fx traces the body runs as stock
+    # and the graph returns what stock's returns: the tensor zero_ wrote.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    arg = WrapperTensor(torch.randn(3))
+    assert torch.ops.aten.zero_.default(arg) is arg  # eager: corrected
+
+    gm = make_fx(lambda x: x.clone().zero_())(WrapperTensor(torch.randn(3)))
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    returned = output.args[0]
+    assert returned.target is torch.ops.aten.clone.default, gm.code
+    assert not torch.fx._symbolic_trace.is_fx_tracing()
+
+
 def test_audit_of_the_tracked_view_kernels_in_a_fresh_process():
     # The marking kernels are registered on the first tracked body, and
     # taken back on request, leaving the key as stock had it.

@@ -52,7 +52,12 @@ class ALIASGUARD_API DispatchBodyGuard {
 // watch would be replayed as an alias the subclass never made (a nested
 // tensor view replayed through as_strided, which it does not implement) or
 // refused outright (fake storage lives on meta while the wrapper claims
-// cpu). Read from the dispatch state, not from class names.
+// cpu). Read from the dispatch state, not from class names (make_fx's proxy
+// mode also through fx's flag: Note [make_fx tracing is seen through fx's
+// flag]). A functorch transform is seen while its front key is included; a
+// body functorch reaches after unwrapping its tensors below its own layer
+// sees no transform and is corrected as in eager (the differential harness's
+// `wrapper-inplace-sizes` rule records what that changes).
 ALIASGUARD_API bool tracing_infrastructure_active();
 
 } // namespace aliasguard::utils

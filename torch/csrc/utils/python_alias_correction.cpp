@@ -153,10 +153,11 @@ bool correct_sole_view(
 }
 
 bool correction_applies(PyObject* owner) {
-  // See Note [Tracing infrastructure is left alone]
+  // See Note [Tracing infrastructure is left alone] and Note [make_fx
+  // tracing is seen through fx's flag].
   return correction_enabled.load(std::memory_order_relaxed) &&
       !owner_opted_out(owner, opt_out_attribute) &&
-      !tracing_infrastructure_active();
+      !tracing_infrastructure_active() && !internals::fx_tracing_active();
 }
 
 PyObject* corrected_result(

@@ -125,6 +125,35 @@ std::string code_location(const py::object& code, int line) {
       ":" + std::to_string(line);
 }
 
+namespace {
+// torch.fx._symbolic_trace's __dict__ (borrowed from the module, which
+// sys.modules keeps alive), looked up once.
+PyObject* fx_symbolic_trace_dict() {
+  static PyObject* dict = []() -> PyObject* {
+    PyObject* module = PyImport_ImportModule("torch.fx._symbolic_trace");
+    if (module == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    PyObject* found = PyModule_GetDict(module); // borrowed
+    Py_INCREF(found); // leaked on purpose: no decref after finalization
+    Py_DECREF(module);
+    return found;
+  }();
+  return dict;
+}
+} // namespace
+
+// See Note [make_fx tracing is seen through fx's flag]
+bool fx_tracing_active() {
+  PyObject* dict = fx_symbolic_trace_dict();
+  if (dict == nullptr) {
+    return false;
+  }
+  PyObject* flag = PyDict_GetItemString(dict, "_is_fx_tracing_flag");
+  return flag == Py_True;
+}
+
 // See Note [A SelectiveCheckpointContext without its __init__]
 py::object new_checkpoint_context(
     PyObject* context_type,
@@ -201,6 +230,18 @@ std::vector<std::string> python_torch_internals_self_test() {
         "torch.utils.checkpoint.SelectiveCheckpointContext (Note [A "
         "SelectiveCheckpointContext without its __init__]): cannot be made "
         "with object.__new__ and is_recompute");
+  }
+  {
+    PyObject* dict = fx_symbolic_trace_dict();
+    PyObject* flag = dict == nullptr
+        ? nullptr
+        : PyDict_GetItemString(dict, "_is_fx_tracing_flag");
+    if (flag == nullptr || !PyBool_Check(flag)) {
+      problems.emplace_back(
+          "torch.fx._symbolic_trace._is_fx_tracing_flag (Note [make_fx "
+          "tracing is seen through fx's flag]): not a bool any more; make_fx "
+          "traces would be corrected");
+    }
   }
   if (innermost_user_frame({}).first.is_none()) {
     problems.emplace_back(

@@ -83,6 +83,20 @@ std::pair<pybind11::object, int> innermost_user_frame(
 // "file:line" of a code object returned above.
 std::string code_location(const pybind11::object& code, int line);
 
+// Note [make_fx tracing is seen through fx's flag]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// make_fx's ProxyTorchDispatchMode runs each op with itself popped from its
+// mode slot, so a tensor subclass's __torch_dispatch__ reached from there
+// sees no tracing infrastructure in the dispatch state (see Note [Tracing
+// infrastructure is left alone]). make_fx traces through fx's
+// Tracer.trace, which sets torch.fx._symbolic_trace._is_fx_tracing_flag for
+// the whole trace (export's and AOTAutograd's traces too); the flag is
+// read here, from the module's dict, without calling Python. Upstream: a
+// thread-local "tracing" bit in the dispatch state, or an infra marker that
+// stays set while an infrastructure mode's handler runs. False when the
+// module or the flag is missing (the self-test names that).
+bool fx_tracing_active();
+
 // Note [A SelectiveCheckpointContext without its __init__]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A policy function receives a
