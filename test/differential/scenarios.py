@@ -461,18 +461,26 @@ def func_transform(ctx: Context, fn: Callable, x: torch.Tensor, transform: str,
         if err is not None:
             return {"call": err}
         out, vjp_fn = res
-        rec = {"outs": ob.tensors(ob.named("out", out), {})}
-        grads, err = call(lambda: vjp_fn(tuple(torch.ones_like(t) for t in out)))
-        if err is not None:
-            rec["vjp"] = err
+        rec = vjp_record(ctx, out, vjp_fn)
+        if "vjp" in rec:
             return rec
-        gr = ob.named("grad", grads)
-        ctx.perturb([t for _, t in gr])
-        rec["grads"] = ob.tensors(gr, {})
     else:
         raise ValueError(transform)
     if extra is not None:
         rec.update(extra(out))
+    return rec
+
+
+def vjp_record(ctx: Context, out: tuple, vjp_fn: Callable, with_values: bool = True) -> dict:
+    """The outputs of a torch.func.vjp and the gradients of all-ones cotangents (or the error they raise)."""
+    rec: dict[str, Any] = {"outs": ob.tensors(ob.named("out", out), {}, with_values)}
+    grads, err = call(lambda: vjp_fn(tuple(torch.ones_like(t) for t in out)))
+    if err is not None:
+        rec["vjp"] = err
+        return rec
+    gr = ob.named("grad", grads)
+    ctx.perturb([t for _, t in gr])
+    rec["grads"] = ob.tensors(gr, {}, with_values)
     return rec
 
 

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from differential import observe as ob
 from differential.scenarios import (NO_VALUES, CompileDataMode, CompilePassMode, CompileSavingMode, Context, DataMode,
                                     PassMode, SavingMode, Scenario, _graph_code, _plain_shapes, _wrap_args,
-                                    backward_record, call, compiled, opdb)
+                                    backward_record, call, compiled, opdb, vjp_record)
 
 TX_MODES = ("pass", "twotensor", "saving", "datamode", "wrapper")
 WRAPPED = ("twotensor", "wrapper")  # modes that are argument subclasses, not dispatch modes
@@ -262,15 +262,7 @@ def _run_func(ctx: Context, op: Any, mode: str, transform: str) -> dict:
     out, vjp_fn = res
     if not out:
         return {"skipped": "no floating-point output"}
-    rec: dict[str, Any] = {"outs": ob.tensors(ob.named("out", out), {}, with_values)}
-    grads, err = call(lambda: vjp_fn(tuple(torch.ones_like(t) for t in out)))
-    if err is not None:
-        rec["vjp"] = err
-        return rec
-    gr = ob.named("grad", grads)
-    ctx.perturb([t for _, t in gr])
-    rec["grads"] = ob.tensors(gr, {}, with_values)
-    return rec
+    return vjp_record(ctx, out, vjp_fn, with_values)
 
 
 def run_compile(ctx: Context, op: Any, mode: str, backend: str) -> dict:
