@@ -150,8 +150,10 @@ bool fx_tracing_active() {
   if (dict == nullptr) {
     return false;
   }
-  PyObject* flag = PyDict_GetItemString(dict, "_is_fx_tracing_flag");
-  return flag == Py_True;
+  // Read on every corrected __torch_dispatch__: an interned key, so the
+  // lookup allocates nothing and reuses the string's cached hash.
+  static PyObject* key = PyUnicode_InternFromString("_is_fx_tracing_flag");
+  return key != nullptr && PyDict_GetItem(dict, key) == Py_True;
 }
 
 // See Note [A SelectiveCheckpointContext without its __init__]
