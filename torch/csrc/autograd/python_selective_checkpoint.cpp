@@ -590,9 +590,13 @@ void cache_outputs(
     state.cache.record_recompute(func);
     throw;
   }
-  state.values.reserve(state.values.size() + 1);
+  // The push_back after record_cached must not throw: make room first,
+  // growing geometrically (reserve(size + 1) would copy every entry each time).
+  if (state.values.size() == state.values.capacity()) {
+    state.values.reserve(2 * state.values.size() + 8);
+  }
   state.cache.record_cached(func, tensors);
-  state.values.push_back(std::move(entry)); // cannot throw: reserved
+  state.values.push_back(std::move(entry)); // cannot throw: room was made
 }
 
 struct DispatchArgs {
@@ -951,32 +955,6 @@ c10::OperatorHandle find_op(
   return *op;
 }
 
-// A cached output: a tensor, a list of tensors or a scalar.
-py::object ivalue_to_python(const c10::IValue& value) {
-  if (value.isTensor()) {
-    return py::reinterpret_steal<py::object>(
-        THPVariable_Wrap(value.toTensor()));
-  }
-  if (value.isTensorList()) {
-    py::list tensors;
-    for (const at::Tensor& tensor : value.toTensorList()) {
-      tensors.append(
-          py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor)));
-    }
-    return tensors;
-  }
-  if (value.isInt()) {
-    return py::int_(value.toInt());
-  }
-  if (value.isDouble()) {
-    return py::float_(value.toDouble());
-  }
-  if (value.isBool()) {
-    return py::bool_(value.toBool());
-  }
-  return py::none();
-}
-
 } // namespace
 
 void init_selective_checkpoint_bindings(py::module_& m) {
@@ -1132,7 +1110,7 @@ void init_selective_checkpoint_bindings(py::module_& m) {
       if (!entry.outputs.empty()) {
         py::tuple values(entry.outputs.size());
         for (size_t i = 0; i < entry.outputs.size(); ++i) {
-          values[i] = ivalue_to_python(entry.outputs[i]);
+          values[i] = utils::python_value(entry.outputs[i]);
         }
         outputs = values;
       }

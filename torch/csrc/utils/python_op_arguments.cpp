@@ -78,13 +78,17 @@ std::pair<py::tuple, py::dict> python_arguments(
   return {std::move(args), std::move(kwargs)};
 }
 
+py::object python_value(const c10::IValue& value) {
+  return torch::jit::toPyObject(value);
+}
+
 py::object python_returns(c10::ArrayRef<c10::IValue> returns) {
   if (returns.size() == 1) {
-    return torch::jit::toPyObject(returns[0]);
+    return python_value(returns[0]);
   }
   py::tuple values(returns.size());
   for (size_t i = 0; i < returns.size(); ++i) {
-    values[i] = torch::jit::toPyObject(returns[i]);
+    values[i] = python_value(returns[i]);
   }
   return values;
 }

@@ -27,6 +27,10 @@ std::pair<pybind11::tuple, pybind11::dict> python_arguments(
     const c10::FunctionSchema& schema,
     c10::ArrayRef<c10::IValue> arguments);
 
+// One value as Python sees it (a tensor, a list of tensors, a scalar, None
+// for an undefined tensor), with no schema to say which enum an int is.
+pybind11::object python_value(const c10::IValue& value);
+
 // One value per return: the value itself for one return, else a tuple.
 pybind11::object python_returns(c10::ArrayRef<c10::IValue> returns);
 
