@@ -36,33 +36,7 @@ def _tx(d: Diff, transforms: tuple[str, ...], mode: str) -> bool:
     return d.family == "opdb_tx" and d.variant in transforms and d.op == mode
 
 
-DYNAMO_SET_STORAGE = 'Attempted to set the storage of a tensor on device "meta"'
-
-
-def _wrapper_compile_fakeify(d: Diff) -> bool:
-    if not _tx(d, ("compile_eager", "compile_aot_eager"), "wrapper"):
-        return False
-    call = d.ag_rec["calls"][0].get("call", {})
-    if call.get("exc") != "InternalTorchDynamoError" or DYNAMO_SET_STORAGE not in call.get("msg", ""):
-        return False
-    if d.path == ("calls", 0, "call", "exc"):
-        return d.stock == "<no exception>"
-    # dynamo stops at the failing frame: fewer graphs and frames than stock's
-    if d.path in (("calls", 0, "graphs"), ("unique_graphs",), ("frames_ok",)):
-        return isinstance(d.ag, int) and isinstance(d.stock, int) and d.ag < d.stock
-    return False
-
-
 EXPECTED_FAILURES: list[Bug] = [
-    Bug("wrapper-compile-fakeify-tracked-view",
-        "torch.compile (eager, aot_eager) of corrcoef / scaled_dot_product_attention on a wrapper that requires "
-        "grad: after a graph break dynamo compiles the wrapper's __torch_dispatch__ frame and fails to fakeify an "
-        "inner tensor (InternalTorchDynamoError: set the storage of a meta tensor to a cpu storage); the inner "
-        "tensors are views of the arguments' only under aliasguard. Minimal: torch.compile(torch.corrcoef, "
-        "backend='eager')(Wrapper(torch.randn(3, 4)).requires_grad_())",
-        _wrapper_compile_fakeify,
-        ("opdb_tx/compile_eager/wrapper/corrcoef",
-         "opdb_tx/compile_aot_eager/wrapper/nn.functional.scaled_dot_product_attention")),
 ]
 
 
@@ -80,6 +54,13 @@ FIXED: list[Fixed] = [
           "itself popped); fixed by reading fx's tracing flag (Note [make_fx tracing is seen through fx's flag])",
           ("opdb_tx/make_fx/wrapper/zero_", "opdb_tx/functionalize/wrapper/nn.functional.rms_norm",
            "opdb_tx/make_fx/wrapper/resize_")),
+    Fixed("wrapper-compile-fakeify-tracked-view",
+          "torch.compile (eager, aot_eager) of corrcoef / scaled_dot_product_attention on a wrapper that requires "
+          "grad raised InternalTorchDynamoError (set the storage of a meta tensor to a cpu storage): correction "
+          "gave a fake inner tensor (meta storage, reporting cpu) its cpu wrapper argument's placeholder storage. "
+          "Fixed by comparing devices by the tensor's own storage (Note [May a tensor alias a storage])",
+          ("opdb_tx/compile_eager/wrapper/corrcoef",
+           "opdb_tx/compile_aot_eager/wrapper/nn.functional.scaled_dot_product_attention")),
     Fixed("njt-nested-view-from-jagged",
           "NJT under torch.compile / FakeTensorMode raised AliasingError on aten::_nested_view_from_jagged",
           ("njt/compile_eager/sin_mul2", "njt/compile_aot_eager/sin", "njt/fake/sin")),

@@ -523,13 +523,25 @@ NJT_VARIANTS = ("eager", "audit", "fake", "compile_eager", "compile_aot_eager",
 NJT_TRACING = {"make_fx": ("real", False), "make_fx_fake": ("fake", False), "make_fx_symbolic": ("symbolic", False),
                "functionalize": ("symbolic", True)}
 NJT_INDUCTOR_OPS = ("sin_mul2", "transpose", "inplace_mul")  # a fusion, a view, an in-place op; full run only
+# The input is itself a view (a transposed NJT, as OpInfo's *_noncontig_transposed samples): meta conversion replays
+# its view function on a fake base, through NJT's __torch_dispatch__.
+NJT_VIEW_INPUT_VARIANTS = ("fake_view_input", "compile_eager_view_input", "compile_aot_eager_view_input")
+NJT_VIEW_INPUT_OPS = ("sin", "clone", "sin_mul2", "transpose", "sum")
+
+
+def _njt_transposed(requires_grad: bool = True) -> torch.Tensor:
+    return _njt(requires_grad).transpose(1, 2)
 
 
 def run_njt(ctx: Context, opname: str, variant: str) -> dict:
     fn = NJT_OPS[opname]
+    make = _njt
+    if variant.endswith("_view_input"):
+        make = _njt_transposed
+        variant = variant[: -len("_view_input")]
     if variant.startswith("compile_"):
         backend = variant[len("compile_"):]
-        return compiled(ctx, fn, [(_njt(),), (_njt(),)], backend)
+        return compiled(ctx, fn, [(make(),), (make(),)], backend)
     if variant in NJT_TRACING:
         mode, functionalize = NJT_TRACING[variant]
         return traced(ctx, fn, lambda: _njt(requires_grad=False), mode, functionalize)
@@ -549,7 +561,7 @@ def run_njt(ctx: Context, opname: str, variant: str) -> dict:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        nt = _njt()
+        nt = make()
         with FakeTensorMode(shape_env=ShapeEnv()) as mode:
             fake, err = call(lambda: mode.from_tensor(nt))
             if err is not None:
@@ -577,7 +589,9 @@ def run_njt(ctx: Context, opname: str, variant: str) -> dict:
 def njt_scenarios() -> list[Scenario]:
     return [Scenario(f"njt/{v}/{op}", "njt", lambda ctx, op=op, v=v: run_njt(ctx, op, v),
                      full_only=(v == "compile_inductor"), timeout=600 if v == "compile_inductor" else 120)
-            for op in NJT_OPS for v in NJT_VARIANTS if v != "compile_inductor" or op in NJT_INDUCTOR_OPS]
+            for op in NJT_OPS for v in NJT_VARIANTS if v != "compile_inductor" or op in NJT_INDUCTOR_OPS] + [
+        Scenario(f"njt/{v}/{op}", "njt", lambda ctx, op=op, v=v: run_njt(ctx, op, v), timeout=120)
+        for op in NJT_VIEW_INPUT_OPS for v in NJT_VIEW_INPUT_VARIANTS]
 
 
 # --- family 3: DTensor on gloo, world size 1 ---------------------------------------------

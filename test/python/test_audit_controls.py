@@ -108,3 +108,33 @@ def test_c10d_collectives_are_quiet():
         assert t.tolist() == [1.0, 1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+class _AnswersWithItsInput(torch.utils._python_dispatch.TorchDispatchMode):
+    """Answers one op with its first argument, whatever the schema says."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is self.op:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def test_fresh_returns_of_composite_ops_answered_by_nested_jagged_tensors_are_quiet():
+    # NJT's where() broadcasts its arguments below autograd; for equal shapes broadcast_tensors
+    # (CompositeImplicitAutograd: its results may ignore the schema) hands them back.
+    nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+    cond = nt > 0
+    with aliasguard.audit():
+        out = torch.where(cond, nt, nt * 2)
+    torch.testing.assert_close(out.values(), torch.where(cond.values(), nt.values(), nt.values() * 2))
+    # Positive control in the same kind of scope: a fresh return of an op that is not composite
+    # answered with its argument is still reported.
+    with pytest.raises(AliasingError, match="aten::sin") as info:
+        with aliasguard.audit(), _AnswersWithItsInput(torch.ops.aten.sin.default):
+            torch.where(cond, nt, nt * 2)
+            torch.randn(3).sin()
+    assert info.value.kind == "fresh_is_argument"

@@ -254,6 +254,41 @@ def test_compiled_nested_jagged_tensor_runs_as_stock(backend):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_function_of_a_transposed_nested_jagged_tensor_runs_as_stock(backend):
+    # The input is a view: meta conversion replays transpose on a fake base through NJT's __torch_dispatch__,
+    # whose values() is a fake tensor under a cpu wrapper (OpInfo's *_noncontig_transposed samples).
+    torch._dynamo.reset()
+    t = _jagged().transpose(1, 2)
+    compiled = torch.compile(torch.sin, backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(t).values(), t.values().sin())
+    torch._dynamo.reset()
+
+
+def test_fake_view_of_a_wrapper_keeps_its_meta_storage():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    class Holder(torch.Tensor):
+        """A cpu wrapper whose view op answers with its fake inner tensor's view (as NJT's values() does)."""
+
+        @staticmethod
+        def __new__(cls, elem):
+            return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device="cpu")
+
+        def __init__(self, elem):
+            self.elem = elem
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return func(*[a.elem if isinstance(a, Holder) else a for a in args], **(kwargs or {}))
+
+    holder = Holder(FakeTensorMode().from_tensor(torch.randn(4)))
+    out = holder.view(2, 2)  # a plain fake tensor returned for a view of the wrapper
+    assert isinstance(out, FakeTensor)
+    assert out.untyped_storage().device.type == "meta"  # not the wrapper's cpu placeholder
+    assert (out.sin() * 2).shape == (2, 2)  # meta kernels still run on it
+
+
 def test_nested_jagged_tensor_to_fake_and_back():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv

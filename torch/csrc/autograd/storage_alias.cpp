@@ -13,7 +13,8 @@ namespace aliasguard::autograd {
 // memory the storage does not have. Stock PyTorch never builds such a tensor
 // (set_ and as_strided check bounds), so everything downstream trusts it;
 // reading one is a segfault, not an error. The rules:
-//   * same device as the storage;
+//   * same device as the storage, the device the tensor's own storage is on
+//     (a fake tensor reports the device it stands for, its storage is meta);
 //   * a placeholder storage (a wrapper subclass's: no data) may only be
 //     given to another placeholder tensor (whatever the layouts: no data is
 //     read through either): a tensor with data of its own would then read
@@ -109,6 +110,17 @@ std::optional<std::string> bounds_problem(
       *available);
 }
 
+// Where the tensor's kernels address memory: its own storage's device, not
+// the device it reports. A fake tensor reports the device it stands in for
+// (cpu) while its storage, and every kernel run on it, is meta; given a cpu
+// wrapper's placeholder it would hand meta kernels a cpu storage.
+c10::Device storage_device_of(const at::Tensor& tensor) {
+  if (tensor.has_storage()) {
+    return storage_of(tensor).device();
+  }
+  return tensor.device();
+}
+
 bool is_complex_pair(c10::ScalarType a, c10::ScalarType b) {
   return c10::isComplexType(a) && c10::toRealValueType(a) == b;
 }
@@ -160,11 +172,12 @@ std::optional<std::string> storage_alias_problem(
         ") has no storage it could share");
   }
   const c10::Device storage_device = storage_of(base).device();
-  if (tensor.device() != storage_device) {
+  const c10::Device tensor_device = storage_device_of(tensor);
+  if (tensor_device != storage_device) {
     return c10::str(
         names.tensor,
         " is on ",
-        tensor.device(),
+        tensor_device,
         " but ",
         names.base_storage,
         " is on ",

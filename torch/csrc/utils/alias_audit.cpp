@@ -47,6 +47,11 @@ namespace aliasguard::utils {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Code that keeps its schema's promises on its own terms must not be
 // reported:
+//   * fresh returns of CompositeImplicitAutograd ops that a __torch_dispatch__
+//     answers (below autograd, where they reach the Python key before
+//     decomposing): the results of such ops may ignore the schema, as the
+//     fallback's note above says, and NJT answers broadcast_tensors of equal
+//     shapes with its arguments;
 //   * ops whose unannotated returns share memory by design:
 //     aten::_unsafe_view and the unsafe_split family (views that autograd is
 //     told not to track), c10d's collectives, which return the tensors
@@ -293,14 +298,15 @@ void audit_returns(
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter,
-    bool judge_wrapper_views) {
+    bool judge_wrapper_views,
+    bool fresh_return_may_alias) {
   check_arity(analysis, args.size(), rets.size());
   const auto& returns = analysis.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
     const ReturnAlias& alias = returns[i];
     if (alias.kind == ReturnAliasKind::kUnknown ||
         (alias.kind == ReturnAliasKind::kFresh &&
-         returns_alias_by_design(analysis))) {
+         (fresh_return_may_alias || returns_alias_by_design(analysis)))) {
       continue;
     }
     audit_return(
@@ -324,13 +330,15 @@ void audit_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
-    bool views_share_version_counter) {
+    bool views_share_version_counter,
+    bool fresh_return_may_alias) {
   audit_returns(
       analysis,
       args,
       rets,
       views_share_version_counter,
-      /*judge_wrapper_views=*/false);
+      /*judge_wrapper_views=*/false,
+      fresh_return_may_alias);
 }
 
 void audit_aliasing(
@@ -346,7 +354,9 @@ void audit_aliasing(
       arg_refs.refs(),
       ret_refs.refs(),
       views_share_version_counter,
-      judge_wrapper_views);
+      judge_wrapper_views,
+      // The fallback skips CompositeImplicitAutograd ops altogether.
+      /*fresh_return_may_alias=*/false);
 }
 
 void set_wrapper_view_judge(WrapperViewJudge judge) {

@@ -24,12 +24,14 @@ namespace aliasguard::utils {
 // Fresh outputs share memory with no input, view outputs share their
 // input's storage (and version counter, when `views_share_version_counter`),
 // write outputs are their argument. Throws AliasingError at the first
-// violation.
+// violation. With `fresh_return_may_alias` (OpCorrectionInfo's), fresh
+// outputs are not checked.
 ALIASGUARD_API void audit_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
-    bool views_share_version_counter);
+    bool views_share_version_counter,
+    bool fresh_return_may_alias);
 // The same on boxed values, as the audit fallback has them; with
 // `judge_wrapper_views`, see Note [Wrapper views judged by their inner
 // tensors].

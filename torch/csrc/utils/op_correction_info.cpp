@@ -9,8 +9,11 @@ OpCorrectionInfo op_correction_info(const c10::OperatorHandle& op) {
   info.analysis = schema_alias_analysis(op);
   info.has_inplace_or_view_kernel =
       op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
-  info.view_may_be_a_copy = !info.has_inplace_or_view_kernel &&
+  const bool composite_implicit =
       op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  info.view_may_be_a_copy =
+      !info.has_inplace_or_view_kernel && composite_implicit;
+  info.fresh_return_may_alias = composite_implicit;
   const SchemaAliasAnalysis& analysis = *info.analysis;
   const auto& returns = analysis.returns();
   const auto sole = analysis.sole_tensor_argument();

@@ -43,6 +43,11 @@ struct OpCorrectionInfo {
   // contiguous, reshape alias when they can and copy when they must). Any
   // other op that promises an alias (lift_fresh, alias, view) must keep it.
   bool view_may_be_a_copy = false;
+  // An unannotated return may be an argument or share its memory: the op is
+  // CompositeImplicitAutograd, whose results may ignore the schema (dropout
+  // in eval mode, NJT's broadcast_tensors of equal shapes return their
+  // input). See Note [What the audit leaves alone].
+  bool fresh_return_may_alias = false;
   // Set when the op's one return is a view of its only tensor argument and
   // that argument may be passed positionally: the fast path of correction.
   std::optional<size_t> sole_view_argument;

@@ -39,7 +39,11 @@ void check_only(
     results.push_back(borrowed.borrow(output));
   }
   audit_aliasing_borrowed(
-      analysis, arguments, results, views_share_version_counter);
+      analysis,
+      arguments,
+      results,
+      views_share_version_counter,
+      entry.fresh_return_may_alias);
 }
 
 // Note [Auditing a __torch_dispatch__ result]
