@@ -403,7 +403,6 @@ _C._sac_configure(
         "ignored_ops": sac_ignored_ops(),
         "op_overload_type": OpOverload,
         "has_effects": _semantics.has_ordered_effects,
-        "unsafe_view": torch.ops.aten._unsafe_view.default,
         "context_type": SelectiveCheckpointContext,
         "policy_type": CheckpointPolicy,
         "must_save": CheckpointPolicy.MUST_SAVE,

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/selective_checkpoint.h>
 
 #include <c10/core/VersionCounterUtils.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
+#include <torch/csrc/utils/schema_alias_analysis.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -131,6 +133,53 @@ TEST(SelectiveCheckpointCache, UnsafeViewSharesTheCounterOnlyOfACachedInput) {
   cache.share_counter_if_cached(cached, copy);
   EXPECT_FALSE(aliasguard::shares_version_counter(
       *copy.unsafeGetTensorImpl(), *cached.unsafeGetTensorImpl()));
+}
+
+// See Note [Which op calls SAC may cache].
+aliasguard::autograd::SacOpTraits traits_of(const char* schema) {
+  return aliasguard::autograd::sac_op_traits(
+      aliasguard::utils::SchemaAliasAnalysis(torch::jit::parseSchema(schema)));
+}
+
+TEST(SacOpTraits, OnlyOpsWithFreshReturnsAndNoWritesMayBeCached) {
+  const auto mm = traits_of("t::mm(Tensor self, Tensor mat2) -> Tensor");
+  EXPECT_TRUE(mm.may_cache());
+  EXPECT_FALSE(mm.has_aliasing_returns);
+
+  const auto view =
+      traits_of("t::view(Tensor(a) self, int[] size) -> Tensor(a)");
+  EXPECT_FALSE(view.may_cache());
+  EXPECT_TRUE(view.may_return_view);
+  EXPECT_TRUE(view.has_aliasing_returns);
+
+  // A wildcard or union still may alias: never handed back as a fresh output.
+  const auto to =
+      traits_of("t::to(Tensor(a|b) self, int dtype) -> Tensor(a|b)");
+  EXPECT_FALSE(to.may_cache());
+
+  const auto add_ =
+      traits_of("t::add_(Tensor(a!) self, Tensor other) -> Tensor(a!)");
+  EXPECT_FALSE(add_.may_cache());
+  EXPECT_FALSE(add_.may_return_view);
+  EXPECT_EQ(add_.written_arguments, std::vector<size_t>{0});
+
+  // Writes without returns (the _foreach_*_ family) and written out= lists.
+  const auto foreach =
+      traits_of("t::_foreach_add_(Tensor(a!)[] self, Tensor[] other) -> ()");
+  EXPECT_FALSE(foreach.may_cache());
+  EXPECT_EQ(foreach.written_arguments, std::vector<size_t>{0});
+}
+
+TEST(SacOpTraits, UnsafeViewIsRecognisedByNameOnlyForTheDefaultOverload) {
+  EXPECT_TRUE(
+      traits_of("aten::_unsafe_view(Tensor self, SymInt[] size) -> Tensor")
+          .is_unsafe_view);
+  EXPECT_FALSE(
+      traits_of("aten::_unsafe_view.out(Tensor self, SymInt[] size, *, "
+                "Tensor(a!) out) -> Tensor(a!)")
+          .is_unsafe_view);
+  EXPECT_FALSE(
+      traits_of("t::_unsafe_view(Tensor self) -> Tensor").is_unsafe_view);
 }
 
 } // namespace

@@ -59,7 +59,6 @@ struct Config {
   py::object ignored_ops; // frozenset: SAC_IGNORED_OPS
   py::object op_overload_type; // torch._ops.OpOverload
   py::object has_effects; // op -> bool
-  py::object unsafe_view; // aten._unsafe_view.default
   py::object context_type; // SelectiveCheckpointContext
   py::object policy_type; // CheckpointPolicy
   py::object must_save;
@@ -93,14 +92,12 @@ struct OpInfo {
   py::object func; // the key: keeps its address from being reused
   py::object call; // OpOverload._op, or func itself
   bool ignored = false;
-  bool is_unsafe_view = false;
   bool has_effects = false;
-  // Some return is Tensor(a) or Tensor(a!): alias correction applies.
-  bool has_aliasing_returns = false;
-  // Some return is a view (Tensor(a)): never cached.
-  bool is_view = false;
-  // Arguments annotated Tensor(a!) / Tensor(a!)[]: (position, name,
-  // kwarg-only). Never cached either.
+  // What the schema allows; see Note [Which op calls SAC may cache]. A
+  // higher-order op (no schema) is treated as pure.
+  SacOpTraits traits;
+  // traits.written_arguments, as the Python call passes them: (position,
+  // name, kwarg-only).
   struct Written {
     Py_ssize_t position;
     py::object name;
@@ -115,9 +112,9 @@ std::unordered_map<PyObject*, std::unique_ptr<OpInfo>>& op_table() {
   return *table;
 }
 
-// What the schema says, from the one alias analysis (see
-// torch/csrc/utils/schema_alias_analysis.h): which arguments the op writes
-// and whether a return aliases an argument at all, or only reads it.
+// The op's SacOpTraits, from the one alias analysis (see
+// torch/csrc/utils/schema_alias_analysis.h), and where its written arguments
+// are in a call.
 void read_schema(OpInfo& info) {
   const std::optional<c10::OperatorName> name =
       internals::operator_name_of(info.func.ptr());
@@ -129,10 +126,8 @@ void read_schema(OpInfo& info) {
   if (!analysis) {
     return; // a schema the dispatcher no longer knows: treated as pure
   }
-  for (size_t i = 0; i < analysis->num_arguments(); ++i) {
-    if (!analysis->argument_is_written(i)) {
-      continue;
-    }
+  info.traits = sac_op_traits(*analysis);
+  for (const size_t i : info.traits.written_arguments) {
     PyObject* argument_name =
         PyUnicode_FromString(analysis->argument_name(i).c_str());
     if (argument_name == nullptr) {
@@ -143,12 +138,6 @@ void read_schema(OpInfo& info) {
         {static_cast<Py_ssize_t>(i),
          py::reinterpret_steal<py::object>(argument_name),
          analysis->argument_is_kwarg_only(i)});
-  }
-  for (const utils::ReturnAlias& ret : analysis->returns()) {
-    if (ret.annotated) {
-      info.has_aliasing_returns = true;
-      info.is_view = info.is_view || !ret.annotated_write;
-    }
   }
 }
 
@@ -166,7 +155,6 @@ const OpInfo& op_info(PyObject* func) {
     PyErr_Clear(); // unhashable: not one of the ignored ops
   }
   info->ignored = ignored == 1;
-  info->is_unsafe_view = func == cfg.unsafe_view.ptr();
   const int is_overload = PyObject_IsInstance(func, cfg.op_overload_type.ptr());
   if (is_overload < 0) {
     throw python_error();
@@ -287,7 +275,7 @@ py::object run_op(
     PyObject* args,
     PyObject* kwargs) {
   const bool correct =
-      info.has_aliasing_returns && utils::correction_applies(mode);
+      info.traits.has_aliasing_returns && utils::correction_applies(mode);
   if (!correct) {
     PyObject* out = PyObject_Call(
         info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
@@ -667,18 +655,18 @@ PyObject* forward_dispatch_body(
     const DispatchArgs& call,
     const OpInfo& info,
     SacState& state) {
-  const bool writes = !info.written.empty();
-  if (writes && !state.allow_mutation && state.cache.has_cached_outputs()) {
+  if (!info.written.empty() && !state.allow_mutation &&
+      state.cache.has_cached_outputs()) {
     check_forward_write(state, info, call.args, call.kwargs);
   }
   py::object out = run_op(call.mode, info, call.args, call.kwargs);
-  if (info.is_unsafe_view) {
+  if (info.traits.is_unsafe_view) {
     share_unsafe_view_counter(state.cache, out.ptr(), call.args);
   }
   const bool save =
       policy_saves(state, info, call.func, call.args, call.kwargs, out.ptr());
-  // Views and writes always run again; see the docstring of checkpoint.py.
-  if (save && !info.is_view && !writes) {
+  // See Note [Which op calls SAC may cache].
+  if (save && info.traits.may_cache()) {
     cache_outputs(state, call.mode, call.func, out.ptr());
   } else {
     state.cache.record_recompute(call.func);
@@ -969,7 +957,6 @@ void init_selective_checkpoint_bindings(py::module_& m) {
     cfg.ignored_ops = take("ignored_ops");
     cfg.op_overload_type = take("op_overload_type");
     cfg.has_effects = take("has_effects");
-    cfg.unsafe_view = take("unsafe_view");
     cfg.context_type = take("context_type");
     cfg.policy_type = take("policy_type");
     cfg.must_save = take("must_save");

@@ -1,9 +1,24 @@
 #include <torch/csrc/autograd/selective_checkpoint.h>
 
 #include <c10/core/VersionCounterUtils.h>
+#include <torch/csrc/utils/schema_alias_analysis.h>
 #include <torch/csrc/utils/torch_internals.h>
 
 namespace aliasguard::autograd {
+
+SacOpTraits sac_op_traits(const utils::SchemaAliasAnalysis& analysis) {
+  // See Note [Which op calls SAC may cache].
+  SacOpTraits traits;
+  for (const utils::ReturnAlias& ret : analysis.returns()) {
+    if (ret.annotated) {
+      traits.has_aliasing_returns = true;
+      traits.may_return_view = traits.may_return_view || !ret.annotated_write;
+    }
+  }
+  traits.is_unsafe_view = analysis.op_name() == "aten::_unsafe_view";
+  traits.written_arguments = analysis.written_arguments();
+  return traits;
+}
 
 void SelectiveCheckpointCache::record_recompute(OpKey op) {
   slots_[op].push_back(kRecomputeSlot);

@@ -10,6 +10,10 @@
 #include <unordered_map>
 #include <vector>
 
+namespace aliasguard::utils {
+class SchemaAliasAnalysis;
+} // namespace aliasguard::utils
+
 // The bookkeeping of selective activation checkpointing (SAC) that needs no
 // Python: which op calls were cached, under which version counters, and what
 // the recompute finds. The Python adapter
@@ -17,6 +21,37 @@
 // values themselves and runs the ops.
 
 namespace aliasguard::autograd {
+
+// Note [Which op calls SAC may cache]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Only an op whose outputs are memory of its own is cached: handing back a
+// view at recompute would detach it from the base the recompute made, and
+// an op that writes its arguments must write them again. So every op whose
+// schema says a return may alias an argument (Tensor(a), a wildcard) or that
+// writes an argument (Tensor(a!)) runs again, whatever the policy says; both
+// engines read it from the one schema analysis. (The list-policy fast path
+// reaches the same ops by registration: views and in-place ops have an
+// ADInplaceOrView kernel, and it refuses those.)
+struct SacOpTraits {
+  // Some return is annotated: alias correction applies to the op's
+  // __torch_dispatch__ result.
+  bool has_aliasing_returns = false;
+  // Some annotated return is not a write: the op may return a view.
+  bool may_return_view = false;
+  // The op is aten::_unsafe_view. See Note [A batched matmul's result
+  // shares the cached counter].
+  bool is_unsafe_view = false;
+  // Schema indices of the arguments the op writes. Each is checked against
+  // the cache before the op runs in the forward pass.
+  std::vector<size_t> written_arguments;
+
+  bool may_cache() const {
+    return !may_return_view && written_arguments.empty();
+  }
+};
+
+ALIASGUARD_API SacOpTraits
+sac_op_traits(const utils::SchemaAliasAnalysis& analysis);
 
 // Identifies an op for the per-op call counts; the adapter passes the
 // address of the op's Python object (an OpOverload is a singleton per
