@@ -296,7 +296,7 @@ def current_user_saved_tensors_hooks() -> Optional[Tuple[Callable[..., Any], Cal
         return None
     import torch.utils.checkpoint as checkpoint
 
-    return checkpoint._current_user_saved_tensors_hooks()  # type: ignore[attr-defined]  # 2.14 on
+    return checkpoint._current_user_saved_tensors_hooks()  # type: ignore[attr-defined, unused-ignore]  # 2.14 on
 
 
 def is_aot_tracing() -> bool:
