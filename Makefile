@@ -103,12 +103,17 @@ sanitize: setup
 # and untracked, not ignored files), because the build puts its libraries into
 # the package folder and the default build's must stay untouched. The mirror
 # keeps modification times, so a rerun rebuilds only what changed.
+# TORCH_VARIANT names a second venv for the same version (e.g. `cu` for the
+# CUDA wheel of a version this machine also has as a local CPU wheel; pip
+# keeps what the venv has, so prepare that venv first: docs/testing.md).
 TORCH ?=
-MATRIX := build-torch-$(TORCH)
+TORCH_VARIANT ?=
+TORCH_TAG := $(TORCH)$(if $(TORCH_VARIANT),-$(TORCH_VARIANT))
+MATRIX := build-torch-$(TORCH_TAG)
 test-torch:
-	@if [ -z "$(TORCH)" ]; then echo "usage: make test-torch TORCH=<torch version, e.g. 2.14.1>" >&2; exit 2; fi
+	@if [ -z "$(TORCH)" ]; then echo "usage: make test-torch TORCH=<torch version, e.g. 2.14.1> [TORCH_VARIANT=<name>]" >&2; exit 2; fi
 	tools/mirror_worktree.sh $(MATRIX)/src
-	env -u PYTHONPATH $(MAKE) -C $(MATRIX)/src test VENV=$(CURDIR)/.venv-torch-$(TORCH) \
+	env -u PYTHONPATH $(MAKE) -C $(MATRIX)/src test VENV=$(CURDIR)/.venv-torch-$(TORCH_TAG) \
 	  TORCH_REQUIREMENT="torch==$(TORCH) -r requirements-test.txt"
 
 clean:

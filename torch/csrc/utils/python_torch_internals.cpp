@@ -144,17 +144,106 @@ PyObject* fx_symbolic_trace_dict() {
 }
 } // namespace
 
+namespace {
+// Where fx keeps its tracing flag. See Note [make_fx tracing is seen through
+// fx's flag].
+struct FxTracingFlag {
+  // Interned: read on every corrected __torch_dispatch__, so the lookups
+  // allocate nothing and reuse the strings' cached hashes.
+  PyObject* module_flag_name =
+      PyUnicode_InternFromString("_is_fx_tracing_flag");
+  PyObject* thread_flag_name = PyUnicode_InternFromString("flag");
+  PyObject* dict_name = PyUnicode_InternFromString("__dict__");
+  // torch 2.14's threading.local (a strong reference, leaked on purpose), or
+  // nullptr for torch 2.13's module global.
+  PyObject* thread_local_flags = nullptr;
+};
+
+const FxTracingFlag& fx_tracing_flag() {
+  static const FxTracingFlag* flag = [] {
+    auto* found = new FxTracingFlag();
+    PyObject* dict = fx_symbolic_trace_dict();
+    PyObject* tls = dict == nullptr
+        ? nullptr
+        : PyDict_GetItemString(dict, "_is_fx_tracing_tls"); // borrowed
+    if (tls != nullptr) {
+      Py_INCREF(tls);
+      found->thread_local_flags = tls;
+    }
+    return found;
+  }();
+  return *flag;
+}
+
+// The calling thread's attribute dict of torch 2.14's flag holder (a new
+// reference), or nullptr with no error set.
+PyObject* thread_flag_dict(const FxTracingFlag& flag) {
+  PyObject* dict = PyObject_GetAttr(flag.thread_local_flags, flag.dict_name);
+  if (dict == nullptr || !PyDict_Check(dict)) {
+    PyErr_Clear();
+    Py_XDECREF(dict);
+    return nullptr;
+  }
+  return dict;
+}
+} // namespace
+
 // See Note [make_fx tracing is seen through fx's flag]
 bool fx_tracing_active() {
-  PyObject* dict = fx_symbolic_trace_dict();
-  if (dict == nullptr) {
-    return false;
+  const FxTracingFlag& flag = fx_tracing_flag();
+  if (flag.thread_local_flags != nullptr) {
+    PyObject* dict = thread_flag_dict(flag);
+    if (dict == nullptr) {
+      return false;
+    }
+    const bool active = PyDict_GetItem(dict, flag.thread_flag_name) == Py_True;
+    Py_DECREF(dict);
+    return active;
   }
-  // Read on every corrected __torch_dispatch__: an interned key, so the
-  // lookup allocates nothing and reuses the string's cached hash.
-  static PyObject* key = PyUnicode_InternFromString("_is_fx_tracing_flag");
-  return key != nullptr && PyDict_GetItem(dict, key) == Py_True;
+  PyObject* dict = fx_symbolic_trace_dict();
+  return dict != nullptr && flag.module_flag_name != nullptr &&
+      PyDict_GetItem(dict, flag.module_flag_name) == Py_True;
 }
+
+namespace {
+// Sets fx's tracing flag to `value` (Py_True / Py_False, or nullptr to
+// remove it) through the layout fx_tracing_active reads, and returns what it
+// was (a new reference, or nullptr when unset). For the self-test only.
+PyObject* swap_fx_tracing_flag(PyObject* value) {
+  const FxTracingFlag& flag = fx_tracing_flag();
+  const bool per_thread = flag.thread_local_flags != nullptr;
+  PyObject* dict =
+      per_thread ? thread_flag_dict(flag) : fx_symbolic_trace_dict();
+  if (dict == nullptr) {
+    return nullptr;
+  }
+  if (!per_thread) {
+    Py_INCREF(dict); // the module's dict is borrowed
+  }
+  PyObject* name = per_thread ? flag.thread_flag_name : flag.module_flag_name;
+  PyObject* previous = PyDict_GetItem(dict, name);
+  Py_XINCREF(previous);
+  if (value != nullptr) {
+    PyDict_SetItem(dict, name, value);
+  } else if (previous != nullptr) {
+    PyDict_DelItem(dict, name);
+  }
+  PyErr_Clear();
+  Py_DECREF(dict);
+  return previous;
+}
+
+// Whether setting fx's flag is seen by fx_tracing_active, and clearing it.
+bool fx_tracing_flag_is_read() {
+  PyObject* previous = swap_fx_tracing_flag(Py_True);
+  const bool seen_set = fx_tracing_active();
+  Py_XDECREF(swap_fx_tracing_flag(Py_False));
+  const bool seen_clear = !fx_tracing_active();
+  Py_XDECREF(swap_fx_tracing_flag(previous));
+  Py_XDECREF(previous);
+  return seen_set && seen_clear;
+}
+} // namespace
 
 // See Note [A SelectiveCheckpointContext without its __init__]
 py::object new_checkpoint_context(
@@ -235,14 +324,17 @@ std::vector<std::string> python_torch_internals_self_test() {
   }
   {
     PyObject* dict = fx_symbolic_trace_dict();
-    PyObject* flag = dict == nullptr
+    PyObject* module_flag = dict == nullptr
         ? nullptr
-        : PyDict_GetItemString(dict, "_is_fx_tracing_flag");
-    if (flag == nullptr || !PyBool_Check(flag)) {
+        : PyDict_GetItemString(dict, "_is_fx_tracing_flag"); // borrowed
+    const bool has_layout = fx_tracing_flag().thread_local_flags != nullptr ||
+        (module_flag != nullptr && PyBool_Check(module_flag));
+    if (!has_layout || !fx_tracing_flag_is_read()) {
       problems.emplace_back(
-          "torch.fx._symbolic_trace._is_fx_tracing_flag (Note [make_fx "
-          "tracing is seen through fx's flag]): not a bool any more; make_fx "
-          "traces would be corrected");
+          "torch.fx._symbolic_trace's tracing flag (_is_fx_tracing_flag, or "
+          "_is_fx_tracing_tls.flag) (Note [make_fx tracing is seen through "
+          "fx's flag]): not found, or not read back; make_fx traces would be "
+          "corrected");
     }
   }
   if (innermost_user_frame({}).first.is_none()) {

@@ -89,12 +89,17 @@ std::string code_location(const pybind11::object& code, int line);
 // mode slot, so a tensor subclass's __torch_dispatch__ reached from there
 // sees no tracing infrastructure in the dispatch state (see Note [Tracing
 // infrastructure is left alone]). make_fx traces through fx's
-// Tracer.trace, which sets torch.fx._symbolic_trace._is_fx_tracing_flag for
-// the whole trace (export's and AOTAutograd's traces too); the flag is
-// read here, from the module's dict, without calling Python. Upstream: a
-// thread-local "tracing" bit in the dispatch state, or an infra marker that
-// stays set while an infrastructure mode's handler runs. False when the
-// module or the flag is missing (the self-test names that).
+// Tracer.trace, which sets fx's "is tracing" flag in
+// torch.fx._symbolic_trace for the whole trace (export's and AOTAutograd's
+// traces too). Two layouts, read without calling Python code:
+//   * torch 2.13: a module global, _is_fx_tracing_flag, a bool;
+//   * torch 2.14: a threading.local, _is_fx_tracing_tls, whose attribute
+//     `flag` is set per thread (its __dict__ is the calling thread's).
+// The layout is found once, at first use. Upstream: a thread-local "tracing"
+// bit in the dispatch state, or an infra marker that stays set while an
+// infrastructure mode's handler runs. False when neither layout is there;
+// the self-test sets the flag through the layout found and checks that it
+// is read back, so a change of either layout fails the import.
 bool fx_tracing_active();
 
 // Note [A SelectiveCheckpointContext without its __init__]
