@@ -113,20 +113,46 @@ def test_watches_end_with_the_scope():
     part.qmap.mul_(2)
 
 
-def test_a_view_whose_data_is_all_copied_is_reported_at_once():
-    class CopyingState(QuantState):
-        @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-            if func is aten.slice.Tensor:
-                x, dim, start, end = args[:4]
-                return cls(x.codes[start:end].clone(), x.scale[start:end].clone(), x.qmap.clone())
-            return super().__torch_dispatch__(func, types, args, kwargs)
+class CopyingState(QuantState):
+    """QuantState whose slice handler copies every inner tensor: a view op answered with a copy."""
 
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.slice.Tensor:
+            x, dim, start, end = args[:4]
+            return cls(x.codes[start:end].clone(), x.scale[start:end].clone(), x.qmap.clone())
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    @classmethod
+    def slice_of(cls, state):
+        copying = cls(state.codes, state.scale, state.qmap)
+        return copying[2:6]
+
+
+def test_a_view_whose_data_is_all_copied_is_reported_at_once():
     state = CopyingState.zeros(8)
     with pytest.raises(AliasingError, match="writes through the view never reach the input's data") as info:
         with aliasguard.audit():
             state[2:6]
     assert info.value.kind == "view_inner_copy"
+
+
+def test_reshape_that_copies_a_jagged_tensor_in_inference_mode_is_not_reported():
+    # reshape is CompositeImplicitAutograd: in inference mode it reaches NJT's __torch_dispatch__, which copies a
+    # non-contiguous input, as reshape does for plain tensors.
+    nt = torch.nested.nested_tensor(
+        [torch.randn(2, 3, 4), torch.randn(5, 3, 4)], layout=torch.jagged, requires_grad=True
+    ).transpose(-1, -2)
+    with aliasguard.audit(), torch.inference_mode():
+        copied = nt.reshape([2, -1, 12])
+    assert not copied._is_view() and copied.values().data_ptr() != nt.values().data_ptr()
+    # Positive control in the same kind of scope: a view op that may not copy, answered with copies.
+    state = QuantState.zeros(8)
+    with pytest.raises(AliasingError, match="never reach the input's data") as info:
+        with aliasguard.audit(), torch.inference_mode():
+            nt.reshape([2, -1, 12])
+            CopyingState.slice_of(state)
+    assert (info.value.kind, info.value.op) == ("view_inner_copy", "aten::slice.Tensor")
 
 
 @pytest.mark.skipif(not HAVE_TORCHAO, reason="torchao is not installed (optional)")

@@ -289,6 +289,20 @@ def test_fake_view_of_a_wrapper_keeps_its_meta_storage():
     assert (out.sin() * 2).shape == (2, 2)  # meta kernels still run on it
 
 
+def test_reshape_that_copies_a_jagged_tensor_in_inference_mode_leaves_the_copy_its_own_memory():
+    # reshape (CompositeImplicitAutograd) reaches NJT's __torch_dispatch__ in inference mode and copies a
+    # transposed input: the copy must not be given its input's storage, or its values() would look like a copy.
+    nt = torch.nested.nested_tensor(
+        [torch.randn(2, 3, 4), torch.randn(5, 3, 4)], layout=torch.jagged, requires_grad=True
+    ).transpose(-1, -2)
+    with torch.inference_mode():
+        copied = nt.reshape([2, -1, 12])
+        viewed = copied.reshape([2, -1, 3, 4])  # contiguous now: a view of the copy
+    assert copied.values().data_ptr() == copied._values.data_ptr() != nt.values().data_ptr()
+    assert viewed.values().data_ptr() == copied.values().data_ptr()
+    torch.testing.assert_close(copied.values(), nt.values().reshape(7, 12))
+
+
 def test_nested_jagged_tensor_to_fake_and_back():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv

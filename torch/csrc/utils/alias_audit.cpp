@@ -47,11 +47,13 @@ namespace aliasguard::utils {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Code that keeps its schema's promises on its own terms must not be
 // reported:
-//   * fresh returns of CompositeImplicitAutograd ops that a __torch_dispatch__
-//     answers (below autograd, where they reach the Python key before
-//     decomposing): the results of such ops may ignore the schema, as the
-//     fallback's note above says, and NJT answers broadcast_tensors of equal
-//     shapes with its arguments;
+//   * CompositeImplicitAutograd ops that a __torch_dispatch__ answers (below
+//     autograd or in inference mode, where they reach the Python key before
+//     decomposing): their results may ignore the schema, as the fallback's
+//     note above says. A fresh return may alias (NJT answers
+//     broadcast_tensors of equal shapes with its arguments), and a view
+//     return that does not share its input's storage is a copy (reshape of a
+//     non-contiguous input), as correction treats it (AuditAllowances);
 //   * ops whose unannotated returns share memory by design:
 //     aten::_unsafe_view and the unsafe_split family (views that autograd is
 //     told not to track), c10d's collectives, which return the tensors
@@ -239,7 +241,8 @@ void audit_return(
     c10::ArrayRef<OpValueRef> args,
     const OpValueRef& value,
     bool views_share_version_counter,
-    bool judge_wrapper_views) {
+    bool judge_wrapper_views,
+    AuditAllowances allowances) {
   if (alias.kind == ReturnAliasKind::kWrite && !alias.is_list &&
       !value.is_tensor()) {
     // An in-place handler ending in a bare `return`: whatever the caller
@@ -266,14 +269,20 @@ void audit_return(
       case ReturnAliasKind::kFresh:
         audit_fresh_output(element_site, output, args);
         break;
-      case ReturnAliasKind::kView:
+      case ReturnAliasKind::kView: {
+        const at::Tensor& input = tensor_argument(element_site, args);
+        if (allowances.view_may_be_a_copy &&
+            !autograd::storages_alias(output, input)) {
+          break; // a copy, legitimately (reshape of a non-contiguous input)
+        }
         audit_view_output(
             element_site,
-            tensor_argument(element_site, args),
+            input,
             output,
             views_share_version_counter,
             judge_wrapper_views);
         break;
+      }
       case ReturnAliasKind::kWrite: {
         const OpValueRef& argument = args[alias.argument];
         const at::Tensor* expected = nullptr;
@@ -299,14 +308,15 @@ void audit_returns(
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter,
     bool judge_wrapper_views,
-    bool fresh_return_may_alias) {
+    AuditAllowances allowances) {
   check_arity(analysis, args.size(), rets.size());
   const auto& returns = analysis.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
     const ReturnAlias& alias = returns[i];
     if (alias.kind == ReturnAliasKind::kUnknown ||
         (alias.kind == ReturnAliasKind::kFresh &&
-         (fresh_return_may_alias || returns_alias_by_design(analysis)))) {
+         (allowances.fresh_return_may_alias ||
+          returns_alias_by_design(analysis)))) {
       continue;
     }
     audit_return(
@@ -315,7 +325,8 @@ void audit_returns(
         args,
         rets[i],
         views_share_version_counter,
-        judge_wrapper_views);
+        judge_wrapper_views,
+        allowances);
   }
 }
 
@@ -331,14 +342,14 @@ void audit_aliasing_borrowed(
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter,
-    bool fresh_return_may_alias) {
+    AuditAllowances allowances) {
   audit_returns(
       analysis,
       args,
       rets,
       views_share_version_counter,
       /*judge_wrapper_views=*/false,
-      fresh_return_may_alias);
+      allowances);
 }
 
 void audit_aliasing(
@@ -356,7 +367,7 @@ void audit_aliasing(
       views_share_version_counter,
       judge_wrapper_views,
       // The fallback skips CompositeImplicitAutograd ops altogether.
-      /*fresh_return_may_alias=*/false);
+      AuditAllowances{});
 }
 
 void set_wrapper_view_judge(WrapperViewJudge judge) {
@@ -367,8 +378,12 @@ void audit_inner_view(
     const AliasSite& site,
     const at::Tensor& input,
     c10::ArrayRef<InnerTensorLeaf> output_leaves,
-    c10::ArrayRef<InnerTensorLeaf> input_leaves) {
+    c10::ArrayRef<InnerTensorLeaf> input_leaves,
+    bool view_may_be_a_copy) {
   // See Note [Inner tensors of traceable wrappers].
+  if (view_may_be_a_copy) {
+    return; // its result may copy any part of the input: no promise to check
+  }
   c10::SmallVector<const InnerTensorLeaf*, 4> copies;
   bool shares_data = false;
   for (const InnerTensorLeaf& leaf : output_leaves) {

@@ -24,14 +24,22 @@ namespace aliasguard::utils {
 // Fresh outputs share memory with no input, view outputs share their
 // input's storage (and version counter, when `views_share_version_counter`),
 // write outputs are their argument. Throws AliasingError at the first
-// violation. With `fresh_return_may_alias` (OpCorrectionInfo's), fresh
-// outputs are not checked.
+// violation.
+//
+// What an op's registrations allow beyond its schema (OpCorrectionInfo's
+// fields of the same names; see Note [What the audit leaves alone]).
+struct AuditAllowances {
+  // Fresh returns are not checked.
+  bool fresh_return_may_alias = false;
+  // A view return that does not share its input's storage is a copy.
+  bool view_may_be_a_copy = false;
+};
 ALIASGUARD_API void audit_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter,
-    bool fresh_return_may_alias);
+    AuditAllowances allowances);
 // The same on boxed values, as the audit fallback has them; with
 // `judge_wrapper_views`, see Note [Wrapper views judged by their inner
 // tensors].
@@ -70,6 +78,9 @@ ALIASGUARD_API void audit_aliasing(
 //     (the tensors are gone: nothing can write them any more). A write the
 //     audit cannot see (after the scope, or through a data pointer) goes
 //     unreported, as every write the audit does not see does.
+// Ops whose view return may be a copy (reshape: CompositeImplicitAutograd,
+// which a jagged tensor answers in inference mode by copying its values and
+// sharing its offsets when the input is not contiguous) are not checked.
 struct InnerTensorLeaf {
   std::string name; // the dotted attribute path from the wrapper
   at::Tensor tensor;
@@ -78,12 +89,15 @@ struct InnerTensorLeaf {
 // Checks the inner tensors of the view `output_leaves` (at `site`) against
 // `input_leaves`, those of the wrapper `input`, by the rules above: throws
 // AliasingError (view_inner_copy) for a view that is a copy, watches partial
-// copies on this thread.
+// copies on this thread. With `view_may_be_a_copy` (OpCorrectionInfo's: a
+// CompositeImplicitAutograd op such as reshape, which copies when it must),
+// nothing is checked: copies of any inner tensor are legitimate.
 ALIASGUARD_API void audit_inner_view(
     const AliasSite& site,
     const at::Tensor& input,
     c10::ArrayRef<InnerTensorLeaf> output_leaves,
-    c10::ArrayRef<InnerTensorLeaf> input_leaves);
+    c10::ArrayRef<InnerTensorLeaf> input_leaves,
+    bool view_may_be_a_copy = false);
 
 // Copies watched on this thread (see above).
 ALIASGUARD_API size_t watched_inner_copies();

@@ -103,7 +103,12 @@ namespace aliasguard::utils {
 // returns, so their metadata stays, and a Tensor(a) return that is a copy
 // (to, contiguous, reshape: CompositeImplicitAutograd ops that copy when they
 // must, reached only from below autograd) is left alone
-// (CorrectionOptions::view_may_be_a_copy).
+// (CorrectionOptions::view_may_be_a_copy). So is every wrapper (placeholder)
+// return of such an op that does not already share its input's storage:
+// whether the wrapper copied cannot be told from outside (a jagged tensor's
+// reshape in inference mode clones a non-contiguous input), and giving a copy
+// its input's storage (and counter) would make a later view of its inner
+// data look like a copy of it.
 
 // Note [What a write return may be]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -242,6 +247,9 @@ std::optional<ViewFix> plan_view_output(
   const bool same_storage = input_has_storage && output.has_storage() &&
       storage_of(output).is_alias_of(storage_of(input));
   if (output_is_placeholder && !same_storage) {
+    if (options.view_may_be_a_copy && !drop_autograd_meta) {
+      return std::nullopt; // See Note [Views returned from below autograd]
+    }
     if (options.strict) {
       check_storage_alias(
           site,

@@ -43,7 +43,7 @@ void check_only(
       arguments,
       results,
       views_share_version_counter,
-      entry.fresh_return_may_alias);
+      AuditAllowances{entry.fresh_return_may_alias, entry.view_may_be_a_copy});
 }
 
 // Note [Auditing a __torch_dispatch__ result]
@@ -138,7 +138,8 @@ void audit_inner_views(
             is_sequence ? site.with_element(static_cast<size_t>(k)) : site,
             THPVariable_Unpack(input),
             output_leaves,
-            input_leaves);
+            input_leaves,
+            entry.view_may_be_a_copy);
       }
     }
   }
