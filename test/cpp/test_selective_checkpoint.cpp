@@ -137,20 +137,21 @@ TEST(SelectiveCheckpointCache, UnsafeViewSharesTheCounterOnlyOfACachedInput) {
 
 // See Note [Which op calls SAC may cache].
 aliasguard::autograd::SacOpTraits traits_of(const char* schema) {
+  const c10::FunctionSchema parsed = torch::jit::parseSchema(schema);
   return aliasguard::autograd::sac_op_traits(
-      aliasguard::utils::SchemaAliasAnalysis(torch::jit::parseSchema(schema)));
+      parsed.operator_name(), aliasguard::utils::SchemaAliasAnalysis(parsed));
 }
 
 TEST(SacOpTraits, OnlyOpsWithFreshReturnsAndNoWritesMayBeCached) {
   const auto mm = traits_of("t::mm(Tensor self, Tensor mat2) -> Tensor");
   EXPECT_TRUE(mm.may_cache());
-  EXPECT_FALSE(mm.has_aliasing_returns);
+  EXPECT_FALSE(mm.has_annotated_returns);
 
   const auto view =
       traits_of("t::view(Tensor(a) self, int[] size) -> Tensor(a)");
   EXPECT_FALSE(view.may_cache());
   EXPECT_TRUE(view.may_return_view);
-  EXPECT_TRUE(view.has_aliasing_returns);
+  EXPECT_TRUE(view.has_annotated_returns);
 
   // A wildcard or union still may alias: never handed back as a fresh output.
   const auto to =

@@ -126,7 +126,7 @@ void read_schema(OpInfo& info) {
   if (!analysis) {
     return; // a schema the dispatcher no longer knows: treated as pure
   }
-  info.traits = sac_op_traits(*analysis);
+  info.traits = sac_op_traits(*name, *analysis);
   for (const size_t i : info.traits.written_arguments) {
     PyObject* argument_name =
         PyUnicode_FromString(analysis->argument_name(i).c_str());
@@ -275,7 +275,7 @@ py::object run_op(
     PyObject* args,
     PyObject* kwargs) {
   const bool correct =
-      info.traits.has_aliasing_returns && utils::correction_applies(mode);
+      info.traits.has_annotated_returns && utils::correction_applies(mode);
   if (!correct) {
     PyObject* out = PyObject_Call(
         info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);

@@ -6,18 +6,24 @@
 
 namespace aliasguard::autograd {
 
-SacOpTraits sac_op_traits(const utils::SchemaAliasAnalysis& analysis) {
+SacOpTraits sac_op_traits(
+    const c10::OperatorName& op,
+    const utils::SchemaAliasAnalysis& analysis) {
   // See Note [Which op calls SAC may cache].
   SacOpTraits traits;
   for (const utils::ReturnAlias& ret : analysis.returns()) {
     if (ret.annotated) {
-      traits.has_aliasing_returns = true;
+      traits.has_annotated_returns = true;
       traits.may_return_view = traits.may_return_view || !ret.annotated_write;
     }
   }
-  traits.is_unsafe_view = analysis.op_name() == "aten::_unsafe_view";
+  traits.is_unsafe_view = is_unsafe_view(op);
   traits.written_arguments = analysis.written_arguments();
   return traits;
+}
+
+bool is_unsafe_view(const c10::OperatorName& op) {
+  return op.name == "aten::_unsafe_view" && op.overload_name.empty();
 }
 
 void SelectiveCheckpointCache::record_recompute(OpKey op) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/operator_name.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/macros/AliasguardExport.h>
 
@@ -33,9 +34,11 @@ namespace aliasguard::autograd {
 // reaches the same ops by registration: views and in-place ops have an
 // ADInplaceOrView kernel, and it refuses those.)
 struct SacOpTraits {
-  // Some return is annotated: alias correction applies to the op's
-  // __torch_dispatch__ result.
-  bool has_aliasing_returns = false;
+  // Some return carries an alias annotation (a view, a write, a wildcard):
+  // the mode's result goes through alias correction. Wider than
+  // SchemaAliasAnalysis::has_aliasing_returns, which counts only the
+  // returns correction can pin to one argument.
+  bool has_annotated_returns = false;
   // Some annotated return is not a write: the op may return a view.
   bool may_return_view = false;
   // The op is aten::_unsafe_view. See Note [A batched matmul's result
@@ -50,8 +53,14 @@ struct SacOpTraits {
   }
 };
 
-ALIASGUARD_API SacOpTraits
-sac_op_traits(const utils::SchemaAliasAnalysis& analysis);
+ALIASGUARD_API SacOpTraits sac_op_traits(
+    const c10::OperatorName& op,
+    const utils::SchemaAliasAnalysis& analysis);
+
+// Whether `op` is aten::_unsafe_view's default overload, the one op whose
+// fresh result both engines may give a cached counter. See Note [A batched
+// matmul's result shares the cached counter].
+ALIASGUARD_API bool is_unsafe_view(const c10::OperatorName& op);
 
 // Identifies an op for the per-op call counts; the adapter passes the
 // address of the op's Python object (an OpOverload is a singleton per

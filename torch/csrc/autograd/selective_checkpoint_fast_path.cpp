@@ -44,11 +44,6 @@ OpKey key_of(const c10::OperatorHandle& op) {
   return &op.operator_name();
 }
 
-bool is_unsafe_view(const c10::OperatorHandle& op) {
-  const c10::OperatorName& name = op.operator_name();
-  return name.name == "aten::_unsafe_view" && name.overload_name.empty();
-}
-
 // An alias of `tensor` with its own TensorImpl and the same storage and
 // version counter, made without dispatching (no autograd, no subclass).
 at::Tensor counter_sharing_alias(const at::Tensor& tensor) {
@@ -81,7 +76,7 @@ void run_in_regions(
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack,
     size_t depth) {
-  if (is_unsafe_view(op)) {
+  if (is_unsafe_view(op.operator_name())) {
     const at::Tensor input = (*stack)[stack->size() - 2].toTensor();
     redispatch_below(op, keys, stack);
     for (size_t i = depth; i-- > 0;) {
