@@ -9,6 +9,15 @@ of the per-block ratios.
 
     PYTHONPATH=. .venv/bin/python bench/bench_clients.py --rounds 7
 
+On a machine whose CPU time drifts (a shared VM), ``--instructions`` counts
+instead: each side runs its steps under valgrind's callgrind, instrumented only
+from the end of the warm-up to the end of the steps, and the table gives
+instructions per step and their ratio. The counts repeat to a fraction of a
+percent from run to run; they weigh a Python round trip and a cache miss
+alike, so they complement the CPU times and do not replace them.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_clients.py --instructions --steps 20
+
 Workloads: plain MLP training (no subclass: the price of the wrapper hooks
 is zero there), TwoTensor MLP training, FlopCounterMode over an MLP step,
 a gated projection block on a nested jagged tensor, tensor-parallel attention on DTensor
@@ -20,10 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List
 
@@ -152,6 +164,87 @@ def worker(side: str, steps: int) -> None:
         print(json.dumps({"name": name, "seconds": elapsed}), flush=True)
 
 
+def counting_worker(side: str, name: str, steps: int) -> None:
+    """Warm `name` up, then run `steps` steps between two handshakes on stdin/stdout.
+
+    The parent switches callgrind's instrumentation on after the first handshake and
+    off after the second, so only the steps are counted."""
+    import torch
+
+    if side == "aliasguard":
+        import aliasguard  # noqa: F401
+    torch.set_num_threads(1)
+    step = WORKLOADS[name]()
+    for _ in range(steps):
+        step()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for _ in range(steps):
+        step()
+    print("done", flush=True)
+    sys.stdin.readline()
+    assert side == "aliasguard" or "aliasguard" not in sys.modules
+
+
+def count_instructions(name: str, steps: int, env: Dict[str, str]) -> Dict[str, float]:
+    """Instructions per step of `name` on each side, both sides under callgrind at once."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"--instructions needs {tool} on PATH (Debian: apt-get install valgrind)")
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = {}
+        for side in ("stock", "aliasguard"):
+            out_file = os.path.join(tmp, f"{side}.callgrind")
+            procs[side] = (
+                subprocess.Popen(
+                    [
+                        "valgrind",
+                        "--tool=callgrind",
+                        "--instr-atstart=no",
+                        f"--callgrind-out-file={out_file}",
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--worker",
+                        side,
+                        "--count",
+                        name,
+                        "--steps",
+                        str(steps),
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    env=env,
+                ),
+                out_file,
+            )
+        for switch, reply in (("on", "ready"), ("off", "done")):
+            for side, (proc, _) in procs.items():
+                assert proc.stdin is not None and proc.stdout is not None
+                line = proc.stdout.readline().strip()
+                if line != reply:
+                    raise SystemExit(f"the {side} worker under callgrind said {line!r} on {name!r}")
+                if switch == "off":
+                    subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+            for proc, _ in procs.values():
+                assert proc.stdin is not None
+                if switch == "on":
+                    subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+        counts = {}
+        for side, (proc, out_file) in procs.items():
+            if proc.wait() != 0:
+                raise SystemExit(f"the {side} worker under callgrind failed on {name!r}")
+            with open(out_file) as f:
+                totals = re.search(r"^totals: (\d+)", f.read(), re.MULTILINE)
+            if totals is None:
+                raise SystemExit(f"no instruction total in {out_file}")
+            counts[side] = int(totals.group(1)) / steps
+        return counts
+
+
 # --- the parent ------------------------------------------------------------------------------
 
 
@@ -160,13 +253,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="blocks per workload and side")
     parser.add_argument("--steps", type=int, default=50, help="steps per block")
     parser.add_argument("--filter", default="", help="only workloads whose name contains this")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions per step under callgrind instead of timing"
+    )
     parser.add_argument("--worker", choices=["stock", "aliasguard"], help=argparse.SUPPRESS)
+    parser.add_argument("--count", metavar="WORKLOAD", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker and args.count:
+        counting_worker(args.worker, args.count, args.steps)
+        return
     if args.worker:
         worker(args.worker, args.steps)
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
+    if args.instructions:
+        print(f"Instructions per step under callgrind, {args.steps} steps after {args.steps} warm-up steps")
+        print(f"{'workload':<36} {'stock Minstr':>13} {'aliasguard Minstr':>18} {'ratio':>7}")
+        for name in [name for name in WORKLOADS if args.filter in name]:
+            counts = count_instructions(name, args.steps, env)
+            print(
+                f"{name:<36} {counts['stock'] / 1e6:>13.3f} {counts['aliasguard'] / 1e6:>18.3f} "
+                f"{counts['aliasguard'] / counts['stock']:>6.3f}x",
+                flush=True,
+            )
+        return
     workers = {
         side: subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", side, "--steps", str(args.steps)],
