@@ -38,7 +38,6 @@ from aliasguard._report import AuditReport, user_location
 from aliasguard._torch_internals import (
     OpOverload,
     current_dispatch_modes,
-    functorch_transform_active,
     is_audit_quiet_infrastructure,
 )
 
@@ -133,7 +132,7 @@ def _infrastructure_active() -> bool:
     """Whether tracing infrastructure (fake, proxy, functional modes; functorch) is running."""
     if any(is_audit_quiet_infrastructure(type(mode)) for mode in current_dispatch_modes()):
         return True
-    return functorch_transform_active()
+    return _C._functorch_transform_active()
 
 
 def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:

@@ -38,7 +38,6 @@ __all__ = [
     "tree_leaves",
     "tree_map",
     "tree_unflatten",
-    "functorch_transform_active",
     "higher_order_ops",
     "checkpoint_error_type",
     "current_user_saved_tensors_hooks",
@@ -163,9 +162,9 @@ def is_audit_quiet_infrastructure(cls: type) -> bool:
 # ~~~~~~~~~~~~~~~~~~~~
 # The audit's reporter decides, on a violation, who is responsible and
 # whether tracing runs: the stack of active dispatch modes
-# (torch.utils._python_dispatch._get_current_dispatch_mode_stack) and
-# whether a functorch transform (vmap, grad, functionalize) is active
-# (torch._C._functorch.peek_interpreter_stack). Higher-order operators
+# (torch.utils._python_dispatch._get_current_dispatch_mode_stack); whether a
+# functorch transform runs is read in C++ from the dispatch key set (see Note
+# [Tracing infrastructure is left alone]). Higher-order operators
 # (torch.cond, ...) dispatch in Python on the highest key of the thread's
 # include set, so they must be told to fall through the key the audit
 # includes: torch._ops._higher_order_ops lists them, and their
@@ -179,11 +178,6 @@ def current_dispatch_modes() -> List[Any]:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     return list(_get_current_dispatch_mode_stack())
-
-
-def functorch_transform_active() -> bool:
-    """Whether a functorch transform (vmap, grad, functionalize, ...) is running."""
-    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def higher_order_ops() -> List[Any]:
@@ -446,11 +440,6 @@ def _check_python_internals() -> List[str]:
         "torch.utils._python_dispatch._get_current_dispatch_mode_stack",
         lambda: current_dispatch_modes() == [],
         "does not return an empty list outside every mode",
-    )
-    expect(
-        "torch._C._functorch.peek_interpreter_stack",
-        lambda: not functorch_transform_active(),
-        "reports a transform outside every transform",
     )
     expect(
         "torch._ops._higher_order_ops",

@@ -158,3 +158,47 @@ def test_import_under_inference_mode_and_no_grad():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ok", "False", "True"]
+
+
+def test_import_correction_and_audit_leave_functorchs_thread_state_uncreated():
+    # functorch creates its thread-local interpreter stack on first access, and
+    # from then on every autograd graph task copies it. Stock code that never
+    # runs a transform never creates it; neither may import aliasguard, a
+    # corrected dispatch, or the audit's reporter (which asks whether a
+    # transform runs). Every function of torch._C._functorch is replaced by one
+    # that records its call, before aliasguard is imported.
+    result = run_python(
+        """
+        import torch
+        import torch._C._functorch as functorch_c
+        called = []
+        for name in dir(functorch_c):
+            fn = getattr(functorch_c, name)
+            if not name.startswith("__") and callable(fn) and not isinstance(fn, type):
+                setattr(functorch_c, name, lambda *a, _fn=fn, _name=name, **k: (called.append(_name), _fn(*a, **k))[1])
+        import aliasguard
+        from aliasguard.testing import PassThroughMode, WrapperTensor
+        x = torch.randn(4, requires_grad=True)
+        with aliasguard.audit():
+            with PassThroughMode():
+                x.view(2, 2).sin().sum().backward()
+            WrapperTensor(torch.randn(4)).view(2, 2)
+        assert aliasguard._aliasing._infrastructure_active() is False
+        print(called)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_audit_reporter_sees_a_functorch_transform():
+    seen = []
+
+    def f(t):
+        seen.append(aliasguard._aliasing._infrastructure_active())
+        return t.sin().sum()
+
+    assert aliasguard._aliasing._infrastructure_active() is False
+    torch.func.grad(f)(torch.randn(3))
+    torch.vmap(lambda t: (seen.append(aliasguard._aliasing._infrastructure_active()), t * 2)[1])(torch.randn(2, 3))
+    assert seen == [True, True]

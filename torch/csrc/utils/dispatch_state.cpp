@@ -25,10 +25,14 @@ DispatchBodyGuard::~DispatchBodyGuard() {
 
 // See Note [Tracing infrastructure is left alone]
 bool tracing_infrastructure_active() {
-  // functorch includes its front key while any transform's layer is pushed.
   return internals::any_infrastructure_mode_set() ||
-      internals::is_dispatch_key_included(
-             c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+      functorch_transform_active();
+}
+
+bool functorch_transform_active() {
+  // functorch includes its front key while any transform's layer is pushed.
+  return internals::is_dispatch_key_included(
+      c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
 }
 
 } // namespace aliasguard::utils

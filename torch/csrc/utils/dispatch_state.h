@@ -60,4 +60,11 @@ class ALIASGUARD_API DispatchBodyGuard {
 // `wrapper-inplace-sizes` rule records what that changes).
 ALIASGUARD_API bool tracing_infrastructure_active();
 
+// Whether a functorch transform is running, by the rule above (its front key
+// is included). Read from the dispatch key set alone: functorch's own
+// interpreter stack is kept in thread-local state it creates on first
+// access, and once created every autograd graph task copies it, so asking
+// for it from import or from every op would add that cost to stock code.
+ALIASGUARD_API bool functorch_transform_active();
+
 } // namespace aliasguard::utils

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/python_selective_checkpoint.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/track_views.h>
+#include <torch/csrc/utils/dispatch_state.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_aliasing_error.h>
@@ -175,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_release_tracked_view_kernels", &autograd::release_tracked_view_kernels);
 
+  m.def("_functorch_transform_active", &utils::functorch_transform_active);
   m.def("_torch_internals_self_test", &utils::torch_internals_self_test);
   // The one walk of the Python stack for "where in the user's code" (see
   // Note [Walking the Python stack for the user's line]): (file, line) of the
