@@ -18,6 +18,10 @@ alike, so they complement the CPU times and do not replace them.
 
     PYTHONPATH=. .venv/bin/python bench/bench_clients.py --instructions --steps 20
 
+``--control`` runs the same comparison with both workers stock: the ratios it
+prints are the machine's own spread, the floor below which a CPU-time ratio
+means nothing.
+
 Workloads: plain MLP training (no subclass: the price of the wrapper hooks
 is zero there), TwoTensor MLP training, FlopCounterMode over an MLP step,
 a gated projection block on a nested jagged tensor, tensor-parallel attention on DTensor
@@ -256,6 +260,11 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="count instructions per step under callgrind instead of timing"
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="the second worker is stock too: the ratios this machine gives with no difference at all",
+    )
     parser.add_argument("--worker", choices=["stock", "aliasguard"], help=argparse.SUPPRESS)
     parser.add_argument("--count", metavar="WORKLOAD", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -280,7 +289,14 @@ def main() -> None:
         return
     workers = {
         side: subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", side, "--steps", str(args.steps)],
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "stock" if args.control else side,
+                "--steps",
+                str(args.steps),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -308,6 +324,8 @@ def main() -> None:
         proc.stdin.close()
         proc.wait()
     print(f"CPU time per step, median of {args.rounds} blocks of {args.steps} steps (one thread)")
+    if args.control:
+        print("control run: the 'aliasguard' column is a second stock worker")
     print(f"{'workload':<36} {'stock ms':>9} {'aliasguard ms':>14} {'ratio':>7}  per-block ratios")
     for name in names:
         stock, ours = samples[name]["stock"], samples[name]["aliasguard"]
