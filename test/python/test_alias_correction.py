@@ -513,6 +513,39 @@ def test_opt_out_set_after_class_creation_and_on_modes():
         torch.randn(4).view(2, 2)  # the copy goes through unchecked
 
 
+def test_opt_out_is_reread_after_every_change_to_the_class_or_a_base():
+    # The flag read is remembered per class until the class changes (Note
+    # [Type version tags]); every change below must be seen at the next call.
+    class Base(PairTensor):
+        pass
+
+    class Derived(Base):
+        pass
+
+    x = Derived(torch.ones(4), torch.ones(4))
+    assert storage_id(x.view(2, 2)) == storage_id(x)  # read once: corrected
+    Base.__aliasguard_fixup__ = False  # a base changes
+    assert storage_id(x.view(2, 2)) != storage_id(x)
+    Derived.__aliasguard_fixup__ = True  # the class itself changes
+    assert storage_id(x.view(2, 2)) == storage_id(x)
+    del Derived.__aliasguard_fixup__
+    assert storage_id(x.view(2, 2)) != storage_id(x)
+    del Base.__aliasguard_fixup__
+    assert storage_id(x.view(2, 2)) == storage_id(x)
+
+    class Switch:
+        on = True
+
+        def __bool__(self):
+            return self.on
+
+    switch = Switch()
+    Base.__aliasguard_fixup__ = switch  # not a bool: its truth is read each call
+    assert storage_id(x.view(2, 2)) == storage_id(x)
+    switch.on = False
+    assert storage_id(x.view(2, 2)) != storage_id(x)
+
+
 def test_set_alias_correction_returns_previous_and_checks_type():
     assert aliasguard.is_alias_correction_enabled()
     assert aliasguard.set_alias_correction(False) is True

@@ -22,7 +22,10 @@ namespace aliasguard::autograd {
 //   * a real storage only from a strided tensor, and only to a strided
 //     tensor or to a wrapper of another layout (a jagged nested tensor over
 //     its values, which never addresses it through sizes and strides):
-//     other layouts have no storage (sparse) or would misread it;
+//     other layouts have no storage (sparse) or would misread it. A
+//     placeholder wrapper that carries the NestedTensor key is taken to be
+//     of another layout without asking it: see Note [Nested wrappers are
+//     not asked their layout];
 //   * a real storage must hold every element the tensor can address. The
 //     bound is computed on int64 with checked multiplication: the SymInt
 //     computation (See Note [Storage bytes of symbolic sizes]) does not
@@ -208,6 +211,20 @@ std::optional<std::string> storage_alias_problem(
         " has layout ",
         base.layout(),
         "; only a strided tensor's storage can be shared");
+  }
+  // Note [Nested wrappers are not asked their layout]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A wrapper whose layout is answered in Python (dispatch_layout=True) is
+  // asked through its __torch_dispatch__, a call stock never makes after a
+  // view op and which costs as much as the op's whole correction. The
+  // nested jagged tensor is such a wrapper, and gets a view of its values
+  // on every construction (_nested_view_from_jagged). Its class gives it the
+  // NestedTensor key, which no strided wrapper carries (torch's strided
+  // nested tensor is NestedTensorImpl, with a real storage), and a
+  // placeholder with that key gets the answer the question would give: it
+  // does not address the storage through sizes and strides.
+  if (has_placeholder_storage(tensor) && tensor.is_nested()) {
+    return std::nullopt;
   }
   if (tensor.layout() != c10::kStrided) {
     if (has_placeholder_storage(tensor)) {

@@ -153,11 +153,6 @@ void register_marker_kernels() {
   kernels.registered.store(true, std::memory_order_release);
 }
 
-void set_marker_key(bool included, bool excluded) {
-  internals::set_dispatch_key_excluded(kMarkerKey, excluded);
-  internals::set_dispatch_key_included(kMarkerKey, included);
-}
-
 // The views this scope made that are still alive: their grad_fn is built from
 // their base from now on.
 void mark_views_made_since(size_t first) {
@@ -188,30 +183,41 @@ void mark_views_made_since(size_t first) {
 
 // See Note [Tracking views below autograd]
 bool enable_view_tracking() {
+  // See Note [Thread-local dispatch key state]
+  internals::LocalDispatchKeys keys = internals::local_dispatch_keys();
   const bool was_excluded =
-      internals::is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+      keys.excluded.has(c10::DispatchKey::ADInplaceOrView);
   if (was_excluded) {
     register_marker_kernels();
     open_scopes.push_back(
         {views_made.size(),
-         internals::is_dispatch_key_included(kMarkerKey),
-         internals::is_dispatch_key_excluded(kMarkerKey)});
-    internals::set_dispatch_key_excluded(
-        c10::DispatchKey::ADInplaceOrView, false);
-    set_marker_key(/*included=*/true, /*excluded=*/false);
+         keys.included.has(kMarkerKey),
+         keys.excluded.has(kMarkerKey)});
+    keys.excluded = keys.excluded.remove(c10::DispatchKey::ADInplaceOrView)
+                        .remove(kMarkerKey);
+    keys.included = keys.included.add(kMarkerKey);
+    internals::set_local_dispatch_keys(keys);
   }
   return was_excluded;
 }
 
 void restore_view_tracking(bool was_excluded) {
-  internals::set_dispatch_key_excluded(
-      c10::DispatchKey::ADInplaceOrView, was_excluded);
-  if (was_excluded && !open_scopes.empty()) {
-    const OpenScope scope = open_scopes.back();
-    open_scopes.pop_back();
-    set_marker_key(scope.marker_was_included, scope.marker_was_excluded);
-    mark_views_made_since(scope.first_view);
+  internals::LocalDispatchKeys keys = internals::local_dispatch_keys();
+  keys.excluded = was_excluded
+      ? keys.excluded.add(c10::DispatchKey::ADInplaceOrView)
+      : keys.excluded.remove(c10::DispatchKey::ADInplaceOrView);
+  if (!was_excluded || open_scopes.empty()) {
+    internals::set_local_dispatch_keys(keys);
+    return;
   }
+  const OpenScope scope = open_scopes.back();
+  open_scopes.pop_back();
+  keys.included = scope.marker_was_included ? keys.included.add(kMarkerKey)
+                                            : keys.included.remove(kMarkerKey);
+  keys.excluded = scope.marker_was_excluded ? keys.excluded.add(kMarkerKey)
+                                            : keys.excluded.remove(kMarkerKey);
+  internals::set_local_dispatch_keys(keys);
+  mark_views_made_since(scope.first_view);
 }
 
 bool is_view_tracking_enabled() {

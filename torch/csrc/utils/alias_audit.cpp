@@ -374,6 +374,11 @@ void set_wrapper_view_judge(WrapperViewJudge judge) {
   wrapper_view_judge.store(judge);
 }
 
+bool inner_views_are_audited(bool view_may_be_a_copy) {
+  // Its result may copy any part of the input: no promise to check.
+  return !view_may_be_a_copy;
+}
+
 void audit_inner_view(
     const AliasSite& site,
     const at::Tensor& input,
@@ -381,8 +386,8 @@ void audit_inner_view(
     c10::ArrayRef<InnerTensorLeaf> input_leaves,
     bool view_may_be_a_copy) {
   // See Note [Inner tensors of traceable wrappers].
-  if (view_may_be_a_copy) {
-    return; // its result may copy any part of the input: no promise to check
+  if (!inner_views_are_audited(view_may_be_a_copy)) {
+    return;
   }
   c10::SmallVector<const InnerTensorLeaf*, 4> copies;
   bool shares_data = false;

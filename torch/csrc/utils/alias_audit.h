@@ -86,12 +86,17 @@ struct InnerTensorLeaf {
   at::Tensor tensor;
 };
 
+// Whether the inner tensors of an op's view returns are checked at all: not
+// when `view_may_be_a_copy` (OpCorrectionInfo's: a CompositeImplicitAutograd
+// op such as reshape, which copies when it must), since copies of any inner
+// tensor are then legitimate. Callers ask before flattening any wrapper.
+ALIASGUARD_API bool inner_views_are_audited(bool view_may_be_a_copy);
+
 // Checks the inner tensors of the view `output_leaves` (at `site`) against
 // `input_leaves`, those of the wrapper `input`, by the rules above: throws
 // AliasingError (view_inner_copy) for a view that is a copy, watches partial
-// copies on this thread. With `view_may_be_a_copy` (OpCorrectionInfo's: a
-// CompositeImplicitAutograd op such as reshape, which copies when it must),
-// nothing is checked: copies of any inner tensor are legitimate.
+// copies on this thread. Checks nothing unless
+// inner_views_are_audited(view_may_be_a_copy).
 ALIASGUARD_API void audit_inner_view(
     const AliasSite& site,
     const at::Tensor& input,

@@ -12,7 +12,9 @@
 #include <torch/csrc/utils/python_op_values.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 
+#include <array>
 #include <atomic>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,6 +28,31 @@ namespace {
 PyObject* opt_out_attribute = nullptr; // "__aliasguard_fixup__", interned
 std::atomic<bool> correction_enabled{true};
 
+// What owner_opted_out read from a class, valid while the class keeps
+// `version` (see Note [Type version tags]). Only flags that are absent or a
+// bool are remembered: the truth of any other object may change without the
+// class changing.
+struct RememberedOptOut {
+  PyTypeObject* type = nullptr;
+  PyObject* attribute = nullptr;
+  unsigned int version = 0;
+  bool opted_out = false;
+};
+
+// Direct-mapped by class and attribute. Python calls only, so the GIL
+// guards it; a free-threaded interpreter gets one per thread.
+#ifdef Py_GIL_DISABLED
+thread_local
+#endif
+    std::array<RememberedOptOut, 32>
+        remembered_opt_outs{};
+
+RememberedOptOut& remembered_slot(PyTypeObject* type, PyObject* attribute) {
+  const auto key = reinterpret_cast<uintptr_t>(type) ^
+      (reinterpret_cast<uintptr_t>(attribute) >> 4);
+  return remembered_opt_outs[(key >> 4) % remembered_opt_outs.size()];
+}
+
 } // namespace
 
 // See Note [Class attribute lookup without descriptors]
@@ -33,9 +60,18 @@ bool owner_opted_out(PyObject* owner, PyObject* attribute) {
   PyTypeObject* type = PyType_Check(owner)
       ? reinterpret_cast<PyTypeObject*>(owner)
       : Py_TYPE(owner);
+  RememberedOptOut& slot = remembered_slot(type, attribute);
+  const unsigned int version = internals::type_version_tag(type);
+  if (version != 0 && slot.version == version && slot.type == type &&
+      slot.attribute == attribute) {
+    return slot.opted_out;
+  }
   PyObject* flag = internals::lookup_class_attribute(type, attribute);
-  if (flag == nullptr || flag == Py_True) {
-    return false;
+  if (flag == nullptr || PyBool_Check(flag)) {
+    // The lookup assigns the class a tag when it had none.
+    slot = {
+        type, attribute, internals::type_version_tag(type), flag == Py_False};
+    return flag == Py_False;
   }
   const int is_false = PyObject_Not(flag);
   if (is_false < 0) {

@@ -104,6 +104,9 @@ void audit_inner_views(
     PyObject* args,
     PyObject* kwargs,
     PyObject* result) {
+  if (!inner_views_are_audited(entry.view_may_be_a_copy)) {
+    return;
+  }
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   const auto& returns = analysis.returns();
   for (size_t i = 0; i < returns.size(); ++i) {

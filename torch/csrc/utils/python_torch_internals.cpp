@@ -243,6 +243,28 @@ bool fx_tracing_flag_is_read() {
   Py_XDECREF(previous);
   return seen_set && seen_clear;
 }
+
+// Whether a lookup gives a fresh class a nonzero tag, and setting an
+// attribute on its base gives it another.
+bool class_change_renews_version_tag() {
+  py::object base =
+      py::module_::import("builtins")
+          .attr("type")(
+              "_AliasguardVersionTagProbe", py::make_tuple(), py::dict());
+  py::object derived = py::module_::import("builtins")
+                           .attr("type")(
+                               "_AliasguardVersionTagProbeChild",
+                               py::make_tuple(base),
+                               py::dict());
+  auto* type = reinterpret_cast<PyTypeObject*>(derived.ptr());
+  py::str name("__aliasguard_self_test__");
+  lookup_class_attribute(type, name.ptr());
+  const unsigned int before = type_version_tag(type);
+  base.attr("__aliasguard_self_test__") = py::bool_(false);
+  lookup_class_attribute(type, name.ptr());
+  const unsigned int after = type_version_tag(type);
+  return before != 0 && after != 0 && before != after;
+}
 } // namespace
 
 // See Note [A SelectiveCheckpointContext without its __init__]
@@ -292,6 +314,11 @@ std::vector<std::string> python_torch_internals_self_test() {
     problems.emplace_back(
         "_PyType_Lookup (Note [Class attribute lookup without descriptors]): "
         "does not find torch.Tensor.__torch_dispatch__");
+  }
+  if (!class_change_renews_version_tag()) {
+    problems.emplace_back(
+        "PyTypeObject.tp_version_tag (Note [Type version tags]): setting a "
+        "class attribute did not give the class a new version tag");
   }
   try {
     py::object call = operator_callable_of(add.ptr());

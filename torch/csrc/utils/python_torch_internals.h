@@ -30,6 +30,23 @@ inline PyObject* lookup_class_attribute(PyTypeObject* type, PyObject* name) {
   return _PyType_Lookup(type, name);
 }
 
+// Note [Type version tags]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// CPython gives a class a new nonzero tp_version_tag after every change to it
+// or to one of its bases (PyType_Modified clears it, the next _PyType_Lookup
+// assigns a fresh one) and never gives two states of any classes the same
+// nonzero tag; 0 means none is assigned. Its own method cache rests on that
+// promise. The opt-out reader rests on it too: it remembers what it read from
+// a class under that class's tag, so a corrected __torch_dispatch__ does not
+// look its flags up through the global method cache on every call, where
+// they would evict torch's own entries. The field is documented "for
+// internal use only"; it has been in PyTypeObject since CPython 2.6.
+// Upstream: PyUnstable_Type_AssignVersionTag (3.12+) is the only public
+// spelling, and reading the tag stays internal.
+inline unsigned int type_version_tag(PyTypeObject* type) {
+  return type->tp_version_tag;
+}
+
 // Note [Tensor instance check]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // THPVariable_Check calls PyObject_IsInstance, whose __instancecheck__ lookup

@@ -16,6 +16,9 @@ namespace aliasguard::internals {
 bool any_infrastructure_mode_set() {
   using c10::impl::TorchDispatchModeKey;
   using c10::impl::TorchDispatchModeTLS;
+  if (!TorchDispatchModeTLS::any_modes_set()) {
+    return false; // one thread-local read for the common case: no mode
+  }
   for (const auto key :
        {TorchDispatchModeKey::FAKE,
         TorchDispatchModeKey::PROXY,

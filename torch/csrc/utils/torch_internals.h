@@ -79,7 +79,26 @@ constexpr c10::DispatchKey kTrackedViewsDispatchKey =
 // body, turning the borrowed keys on and off. The RAII guards cannot express
 // "restore exactly what was there" across the two calls of an API that
 // Python pairs (track_views' enable/restore), so the single-key accessors are
-// used. Upstream: a patch in c10 would use them directly, as torch does.
+// used. A scope that flips several keys reads the two sets once and writes
+// them back once (c10's _force_tls_local_dispatch_key_set, what its own
+// guards restore with), since each single-key call is a thread-local access
+// of its own and a tracked body opens one scope per op. Upstream: a patch in
+// c10 would use them directly, as torch does.
+struct LocalDispatchKeys {
+  c10::DispatchKeySet included;
+  c10::DispatchKeySet excluded;
+};
+inline LocalDispatchKeys local_dispatch_keys() {
+  const c10::impl::LocalDispatchKeySet keys =
+      c10::impl::tls_local_dispatch_key_set();
+  return {keys.included_, keys.excluded_};
+}
+inline void set_local_dispatch_keys(const LocalDispatchKeys& keys) {
+  c10::impl::PODLocalDispatchKeySet raw{};
+  raw.set_included(keys.included);
+  raw.set_excluded(keys.excluded);
+  c10::impl::_force_tls_local_dispatch_key_set(raw);
+}
 inline bool is_dispatch_key_excluded(c10::DispatchKey key) {
   return c10::impl::tls_is_dispatch_key_excluded(key);
 }
