@@ -247,15 +247,11 @@ bool fx_tracing_flag_is_read() {
 // Whether a lookup gives a fresh class a nonzero tag, and setting an
 // attribute on its base gives it another.
 bool class_change_renews_version_tag() {
+  const py::object make_class = py::module_::import("builtins").attr("type");
   py::object base =
-      py::module_::import("builtins")
-          .attr("type")(
-              "_AliasguardVersionTagProbe", py::make_tuple(), py::dict());
-  py::object derived = py::module_::import("builtins")
-                           .attr("type")(
-                               "_AliasguardVersionTagProbeChild",
-                               py::make_tuple(base),
-                               py::dict());
+      make_class("_AliasguardVersionTagProbe", py::make_tuple(), py::dict());
+  py::object derived = make_class(
+      "_AliasguardVersionTagProbeChild", py::make_tuple(base), py::dict());
   auto* type = reinterpret_cast<PyTypeObject*>(derived.ptr());
   py::str name("__aliasguard_self_test__");
   lookup_class_attribute(type, name.ptr());

@@ -105,9 +105,6 @@ inline bool is_dispatch_key_excluded(c10::DispatchKey key) {
 inline bool is_dispatch_key_included(c10::DispatchKey key) {
   return c10::impl::tls_is_dispatch_key_included(key);
 }
-inline void set_dispatch_key_excluded(c10::DispatchKey key, bool excluded) {
-  c10::impl::tls_set_dispatch_key_excluded(key, excluded);
-}
 inline void set_dispatch_key_included(c10::DispatchKey key, bool included) {
   c10::impl::tls_set_dispatch_key_included(key, included);
 }
