@@ -29,10 +29,12 @@ call ``super().__init_subclass__()``, is not seen.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from typing import Any, Callable, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, TypeVar, cast
 
 from aliasguard import _C, _install
+from aliasguard._arguments import require_bool, type_name
 from aliasguard._install import install_on as _install_on  # noqa: F401  (tests use this name)
 from aliasguard._report import AuditReport, user_location
 from aliasguard._torch_internals import (
@@ -92,9 +94,12 @@ def set_alias_correction(enabled: bool) -> bool:
 
     Returns the previous setting. Explicit :func:`correct_aliasing` calls and
     :func:`audit` are not affected.
+
+    Raises:
+        TypeError: ``enabled`` is not a Python ``bool`` (a numpy bool, ``0``
+            or ``None`` included); the setting is unchanged.
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_alias_correction(): enabled must be a bool, got {type(enabled).__name__}")
+    require_bool("set_alias_correction()", "enabled", enabled)
     return _C._set_alias_correction(enabled)
 
 
@@ -154,8 +159,7 @@ def _on_violation(error: RuntimeError, owner: object, repaired: bool) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> Iterator[Optional[AuditReport]]:
+def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> "_Audit":
     """Check every op run inside the block against its schema's alias annotations.
 
     For every op dispatched on this thread (and the backward ops it
@@ -202,41 +206,113 @@ def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> Ite
     key the audit borrows (see Note [Higher-order operators under an audit]
     in ``aliasguard/_install.py``).
 
+    The object returned is used once: ``with`` it once, or decorate with
+    it (each call of the decorated function then opens a scope of its own,
+    with the same ``report`` and ``kernels``). A scope ends on the thread
+    that entered it.
+
     Raises:
-        RuntimeError: the dispatch key the audit borrows (``DeferredInit``)
-            has a fallback registered by someone else; or
-            :func:`aliasguard.uninstall` was called (no reporter, no
-            correction: call :func:`aliasguard.install` first).
         TypeError: ``report`` is not an :class:`AuditReport`, or
-            ``kernels`` is not a bool.
+            ``kernels`` is not a Python ``bool`` (raised by the call, before
+            anything is entered).
+        RuntimeError: on entering: the dispatch key the audit borrows
+            (``DeferredInit``) has a fallback registered by someone else;
+            :func:`aliasguard.uninstall` was called (no reporter, no
+            correction: call :func:`aliasguard.install` first) or is running
+            on another thread; or this object was entered before (create a
+            new ``aliasguard.audit()`` per ``with`` block). On exiting: the
+            object was never entered, has ended already, or is ended on
+            another thread than the one that entered it.
     """
     if report is not None and not isinstance(report, AuditReport):
-        raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type(report).__name__}")
-    if not isinstance(kernels, bool):
-        raise TypeError(f"audit(): kernels must be a bool, got {type(kernels).__name__}")
-    _install.require_installed("aliasguard.audit()")
-    scope = _Scope(report)
-    _C._enter_alias_audit(kernels)
-    try:
-        _install.enter_higher_order_op_scope()
-    except BaseException:
-        _C._exit_alias_audit(kernels)
-        raise
-    _scopes.stack.append(scope)
-    if report is not None:
-        with _open_reports_lock:
-            _open_reports.append(scope)
-    try:
-        yield report
-    finally:
-        _remove(_scopes.stack, scope)
+        raise TypeError(f"audit(): report must be an aliasguard.AuditReport or None, got {type_name(report)}")
+    require_bool("audit()", "kernels", kernels)
+    return _Audit(report, kernels)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NEW, _OPEN, _ENDED = "new", "open", "ended"
+
+
+class _Audit:
+    """One :func:`audit` scope: a context manager used once, or a decorator.
+
+    Class-based rather than a generator so that misuse says what went wrong:
+    a second ``with`` on the same object, or ``__exit__`` without
+    ``__enter__``, is a ``RuntimeError`` naming the fix, and changes nothing.
+    """
+
+    __slots__ = ("_report", "_kernels", "_state", "_scope", "_thread")
+
+    def __init__(self, report: Optional[AuditReport], kernels: bool) -> None:
+        self._report = report
+        self._kernels = kernels
+        self._state = _NEW
+        self._scope: Optional[_Scope] = None
+        self._thread = 0
+
+    def __enter__(self) -> Optional[AuditReport]:
+        if self._state != _NEW:
+            where = "is open" if self._state == _OPEN else "has ended"
+            raise RuntimeError(
+                f"aliasguard.audit(): this audit() object was entered before (it {where}); an audit() "
+                "object is used once: create a new aliasguard.audit() for each with-block (or use "
+                "@aliasguard.audit() as a decorator, which opens a new scope per call)"
+            )
+        report, kernels = self._report, self._kernels
+        scope = _Scope(report)
+        # Checked and entered under the install lock, so that an uninstall()
+        # on another thread either sees this scope or is seen by it.
+        with _install.while_installed("aliasguard.audit()"):
+            _C._enter_alias_audit(kernels)
+            try:
+                _install.enter_higher_order_op_scope()
+            except BaseException:
+                _C._exit_alias_audit(kernels)
+                raise
+        _scopes.stack.append(scope)
         if report is not None:
+            with _open_reports_lock:
+                _open_reports.append(scope)
+        self._scope, self._state, self._thread = scope, _OPEN, threading.get_ident()
+        return report
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        if self._state != _OPEN:
+            what = "was never entered" if self._state == _NEW else "has ended already"
+            raise RuntimeError(
+                f"aliasguard.audit(): __exit__ called on an audit() scope that {what}; use "
+                "`with aliasguard.audit():` (or @aliasguard.audit() as a decorator), which enters "
+                "and exits each scope once"
+            )
+        if self._thread != threading.get_ident():
+            raise RuntimeError(
+                "aliasguard.audit(): __exit__ called on another thread than the one that entered the "
+                "scope; end each audit() scope on the thread that entered it"
+            )
+        scope, kernels = self._scope, self._kernels
+        assert scope is not None
+        self._state, self._scope = _ENDED, None
+        _remove(_scopes.stack, scope)
+        if scope.report is not None:
             with _open_reports_lock:
                 _remove(_open_reports, scope)
         try:
             _install.exit_higher_order_op_scope()
         finally:
             _C._exit_alias_audit(kernels)
+
+    def __call__(self, func: F) -> F:
+        """Decorate ``func``: each call runs in a new audit scope with this one's arguments."""
+        report, kernels = self._report, self._kernels
+
+        @functools.wraps(func)
+        def audited(*args: Any, **kwargs: Any) -> Any:
+            with _Audit(report, kernels):
+                return func(*args, **kwargs)
+
+        return cast(F, audited)
 
 
 class _NewThreadAudit:

@@ -19,7 +19,20 @@ as ``aliasguard.uninstall``) puts back exactly what was there before. What
 * ``aten::detach``'s kernel for the dense backend keys is registered with
   the dispatcher (the registrations are removed afterwards, leaving the
   table as stock torch has it; see Note [Reversible detach registration] in
-  ``DetachKeepVersionCounter.cpp``).
+  ``DetachKeepVersionCounter.cpp``);
+* the kernels that mark views made in tracked bodies, registered on the
+  first tracked body, are removed (a later ``track_views()`` registers them
+  again). The selective checkpoint's fast-path kernels, registered on the
+  first region that names an op, stay: outside a region they are exact
+  pass-throughs, and taking them out could fail another thread's dispatch
+  (Note [Fast path registrations are kept] in
+  ``selective_checkpoint_fast_path.cpp``).
+
+:func:`uninstall` runs while no ``__torch_dispatch__`` body, ``track_views()``
+or ``with_tracking()`` scope runs on any thread: it waits for those running
+on other threads and refuses when called from one on its own thread (Note
+[Installing and uninstalling while bodies run] in
+``torch/csrc/utils/running_bodies.h``).
 
 Two changes are not made by :func:`install` but only while an audit needs
 them, and are undone when the last such audit ends (so :func:`uninstall`
@@ -39,6 +52,7 @@ found again, as on import); :func:`install` while installed does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import types
@@ -88,7 +102,14 @@ class _State:
     """What install() changed, so that uninstall() can put it back. Guarded by ``lock``."""
 
     lock = threading.RLock()
+    # Held by install() and uninstall() throughout, never by a body: uninstall()
+    # waits for running bodies while holding it, so a body must never wait
+    # for it (see install()).
+    transition = threading.Lock()
     installed = False
+    # uninstall() is waiting for running bodies: audits and checkpoints are
+    # refused meanwhile.
+    uninstalling = False
     # class -> (its original raw __torch_dispatch__, our replacement). Weak:
     # a class that is gone needs no restoring, and must not be kept alive.
     wrapped: "weakref.WeakKeyDictionary[type, Tuple[object, object]]" = weakref.WeakKeyDictionary()
@@ -112,12 +133,34 @@ def is_installed() -> bool:
 
 
 def require_installed(what: str) -> None:
-    """Raise ``RuntimeError`` naming ``what`` unless aliasguard is installed."""
+    """Raise ``RuntimeError`` naming ``what`` unless aliasguard is installed.
+
+    Also while :func:`uninstall` runs on another thread: it is about to take
+    away what ``what`` needs.
+    """
     if not _State.installed:
         raise RuntimeError(
             f"{what} needs aliasguard installed, but aliasguard.uninstall() was called; "
             "call aliasguard.install() first"
         )
+    if _State.uninstalling:
+        raise RuntimeError(
+            f"{what} needs aliasguard installed, but aliasguard.uninstall() is running on another "
+            "thread; call aliasguard.install() after it returned"
+        )
+
+
+@contextlib.contextmanager
+def while_installed(what: str) -> Iterator[None]:
+    """:func:`require_installed`, then the block, both under the install lock.
+
+    For scopes that :func:`uninstall` refuses to run under (an audit): one
+    entered in the block is seen by an :func:`uninstall` that starts later,
+    and one that starts earlier makes the block refuse.
+    """
+    with _State.lock:
+        require_installed(what)
+        yield
 
 
 # --- the corrected __torch_dispatch__ ------------------------------------------
@@ -255,6 +298,24 @@ def install() -> None:
     with _State.lock:
         if _State.installed:
             return
+    # A body on this thread must not wait for an uninstall() that waits for
+    # that body: see Note [Installing and uninstalling while bodies run].
+    if not _State.transition.acquire(blocking=not _C._body_running_on_this_thread()):
+        raise RuntimeError(
+            "aliasguard.install() was called inside a __torch_dispatch__ body (or a track_views() "
+            "or with_tracking() scope) while aliasguard.uninstall() runs on another thread and waits "
+            "for that body to return; call install() once the body has returned (nothing was changed)"
+        )
+    try:
+        _install_locked(_on_violation, mark_as_view)
+    finally:
+        _State.transition.release()
+
+
+def _install_locked(on_violation: Callable[..., bool], mark_as_view: Callable[..., Any]) -> None:
+    with _State.lock:
+        if _State.installed:
+            return
         _State.installed = True
         for root in _ROOTS:
             _hook_init_subclass(root)
@@ -264,7 +325,7 @@ def install() -> None:
         _State.mark_as_view = (vars(torch).get("mark_as_view", _MISSING), mark_as_view)
         # The core patch would add this to torch/__init__.py.
         torch.mark_as_view = mark_as_view  # type: ignore[attr-defined]
-        _C._set_alias_audit_reporter(_on_violation)
+        _C._set_alias_audit_reporter(on_violation)
         _C._set_alias_correction(True)
         _C._set_detach_keep_version_counter(True)
 
@@ -286,46 +347,85 @@ def uninstall() -> None:
     as it was, ``torch.mark_as_view`` is gone (or what it was before), alias
     correction is off, the audit has no reporter, ``aten::detach`` has
     stock torch's kernels, and the kernels that mark views made in tracked
-    bodies and those of the checkpoint's fast path are gone. A ``__torch_dispatch__`` or ``__init_subclass__``
-    replaced by someone else after install is left as they set it.
-    :func:`aliasguard.mark_as_view`, :func:`aliasguard.track_views` and
-    :func:`aliasguard.correct_aliasing` keep working; :func:`aliasguard.audit`
-    refuses until :func:`install` is called again. Does nothing when not
-    installed.
+    bodies are gone. The checkpoint's fast-path kernels, once registered,
+    stay as exact pass-throughs (Note [Fast path registrations are kept]). A
+    ``__torch_dispatch__`` or ``__init_subclass__`` replaced by someone else
+    after install is left as they set it. :func:`aliasguard.mark_as_view`,
+    :func:`aliasguard.track_views` and :func:`aliasguard.correct_aliasing`
+    keep working; :func:`aliasguard.audit` refuses until :func:`install` is
+    called again. Does nothing when not installed.
+
+    Safe with other threads running: it first waits (the GIL released)
+    until no ``__torch_dispatch__`` body that aliasguard tracks or corrects,
+    and no ``track_views()`` or ``with_tracking()`` scope, runs on any
+    thread; meanwhile new bodies run as stock and new scopes wait for it.
+    See Note [Installing and uninstalling while bodies run] in
+    ``torch/csrc/utils/running_bodies.h``.
 
     Raises:
-        RuntimeError: an :func:`aliasguard.audit` scope is open on some
-            thread (or its fallback is retained); nothing was changed.
+        RuntimeError: called inside such a body or scope on this thread (it
+            would wait for itself); or an :func:`aliasguard.audit` scope is
+            open on some thread (or its fallback is retained), or threads
+            are being audited. Nothing was changed.
     """
-    with _State.lock:
-        if not _State.installed:
-            return
-        problem = _open_audit_problem()
-        if problem is not None:
-            raise RuntimeError(f"aliasguard.uninstall(): {problem}; end it first (nothing was changed)")
-        _State.installed = False
-        for cls, (original, replacement) in list(_State.wrapped.items()):
-            if cls.__dict__.get("__torch_dispatch__") is replacement:
-                type.__setattr__(cls, "__torch_dispatch__", original)
-        _State.wrapped.clear()
-        for root in _ROOTS:
-            _unhook_init_subclass(root)
-        if _State.mark_as_view is not None:
-            before, ours = _State.mark_as_view
-            _State.mark_as_view = None
-            if vars(torch).get("mark_as_view") is ours:
-                if before is _MISSING:
-                    del torch.mark_as_view  # type: ignore[attr-defined]
-                else:
-                    torch.mark_as_view = before  # type: ignore[attr-defined]
-        _C._set_alias_audit_reporter(None)
-        _C._set_alias_correction(False)
-        _C._set_detach_keep_version_counter(False)
-        # Registered on the first tracked body; a later track_views() scope
-        # registers them again.
-        _C._release_tracked_view_kernels()
-        # Registered on the first list-policy checkpoint; kept until here.
-        _C._sac_fast_release_kernels()
+    if _C._body_running_on_this_thread():
+        raise RuntimeError(
+            "aliasguard.uninstall() was called inside a __torch_dispatch__ body (or a track_views() "
+            "or with_tracking() scope) running on this thread, which still dispatches through what "
+            "uninstall() takes away; call it once the body has returned (nothing was changed)"
+        )
+    with _State.transition:
+        with _State.lock:
+            if not _State.installed:
+                return
+            _refuse_if_audited()
+            _State.uninstalling = True
+        _C._close_bodies()
+        try:
+            # In slices, so that a KeyboardInterrupt gets through.
+            while not _C._wait_for_no_running_bodies(0.05):
+                pass
+            with _State.lock:
+                _refuse_if_audited()  # an audit opened on a thread meanwhile
+                _uninstall_locked()
+        finally:
+            with _State.lock:
+                _State.uninstalling = False
+            _C._open_bodies()
+
+
+def _refuse_if_audited() -> None:
+    problem = _open_audit_problem()
+    if problem is not None:
+        raise RuntimeError(f"aliasguard.uninstall(): {problem}; end it first (nothing was changed)")
+
+
+def _uninstall_locked() -> None:
+    """What :func:`uninstall` changes, once no body runs (``_State.lock`` held)."""
+    _State.installed = False
+    for cls, (original, replacement) in list(_State.wrapped.items()):
+        if cls.__dict__.get("__torch_dispatch__") is replacement:
+            type.__setattr__(cls, "__torch_dispatch__", original)
+    _State.wrapped.clear()
+    for root in _ROOTS:
+        _unhook_init_subclass(root)
+    if _State.mark_as_view is not None:
+        before, ours = _State.mark_as_view
+        _State.mark_as_view = None
+        if vars(torch).get("mark_as_view") is ours:
+            if before is _MISSING:
+                del torch.mark_as_view  # type: ignore[attr-defined]
+            else:
+                torch.mark_as_view = before  # type: ignore[attr-defined]
+    _C._set_alias_audit_reporter(None)
+    _C._set_alias_correction(False)
+    _C._set_detach_keep_version_counter(False)
+    # Registered on the first tracked body; a later track_views() scope
+    # registers them again. No body runs anywhere now, so no thread has
+    # their dispatch key included.
+    _C._release_tracked_view_kernels()
+    # The checkpoint's fast-path kernels stay: see Note [Fast path
+    # registrations are kept] in selective_checkpoint_fast_path.cpp.
 
 
 # --- threading.Thread._bootstrap_inner -----------------------------------------

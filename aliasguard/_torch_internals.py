@@ -43,7 +43,10 @@ __all__ = [
     "current_user_saved_tensors_hooks",
     "disabled_torch_dispatch_impl",
     "has_kernel_for_dispatch_key",
+    "effect_candidate_ops",
+    "effect_registry_key",
     "has_ordered_effects",
+    "sac_caches_effectful_op",
     "is_aot_tracing",
     "is_alias_of",
     "is_audit_quiet_infrastructure",
@@ -248,7 +251,10 @@ def checkpoint_error_type() -> type:
 # * whether AOTAutograd is tracing (torch.utils.checkpoint._is_compiling):
 #   then the contexts must be torch's own;
 # * whether an op has an ordered side effect
-#   (torch._higher_order_ops.effects.has_effects).
+#   (torch._higher_order_ops.effects.has_effects), and which of those SAC
+#   caches rather than replays (torch.utils.checkpoint._is_cacheable_effect,
+#   2.15 on: not the raw c10d collectives, whose output is no cache boundary;
+#   absent before, when every effectful op was treated alike).
 # Upstream: the SAC modes would take the options as constructor arguments,
 # and the hooks/effects queries are public in spirit (torch.autograd.graph,
 # torch.library) but not exported.
@@ -308,6 +314,79 @@ def has_ordered_effects(op: Any) -> bool:
         return bool(has_effects(op))
     except Exception:  # an op torch's effect registry cannot name
         return False
+
+
+def sac_caches_effectful_op(op: Any) -> bool:
+    """Whether the running torch's SAC treats ``op`` as an effectful op whose output it keeps.
+
+    torch 2.15 narrows "effectful" to what its SAC can cache (not the raw
+    ``c10d`` collectives); a torch without that predicate treats every op with
+    an ordered effect alike. Which policies the keeping overrides is probed
+    separately (``_torch_sac_semantics.policies_overridden_for_effects``).
+    """
+    import torch.utils.checkpoint as checkpoint
+
+    cacheable = getattr(checkpoint, "_is_cacheable_effect", None)
+    if cacheable is None:
+        return has_ordered_effects(op)
+    try:
+        return bool(cacheable(op))
+    except Exception:  # an op torch's effect registry cannot name
+        return False
+
+
+def effect_registry_key() -> Tuple[int, int]:
+    """Changes when an operator is (de)registered or torch's per-op registry gains an entry.
+
+    What ``effect_candidate_ops`` is cached under: operator registrations
+    counted by aliasguard's own listener, and the size of
+    ``torch._library.simple_registry.singleton._data`` (where effects live).
+    """
+    from torch._library import simple_registry
+
+    from aliasguard import _C
+
+    return _C._operator_registrations(), len(simple_registry.singleton._data)
+
+
+def effect_candidate_ops() -> List[Any]:
+    """Every registered ``OpOverload`` torch might take as effectful (a superset; torch decides).
+
+    An effect is registered per operator name in torch's per-op registry
+    (``torch._library.simple_registry``), or inferred from an argument of a
+    TorchBind class type (``torch.ClassType`` in the schema). About 60 ms:
+    callers cache it (``_torch_sac_semantics.ops_kept_for_effect``).
+    """
+    from torch._library import simple_registry
+
+    names = set()
+    for schema in torch._C._jit_get_all_schemas():
+        if any(isinstance(argument.type, torch.ClassType) for argument in schema.arguments):
+            names.add((schema.name, schema.overload_name))
+    for qualname in list(simple_registry.singleton._data):
+        namespace, _, name = qualname.partition("::")
+        if namespace == "higher_order" or not name:
+            continue
+        name, _, overload = name.partition(".")
+        packet = _op_packet(namespace, name)
+        overloads = [overload] if overload else (packet.overloads() if packet is not None else [])
+        names.update((f"{namespace}::{name}", "" if o == "default" else o) for o in overloads)
+    ops = []
+    for qualified, overload in sorted(names):
+        namespace, _, name = qualified.partition("::")
+        packet = _op_packet(namespace, name)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if isinstance(op, OpOverload):
+            ops.append(op)
+    return ops
+
+
+def _op_packet(namespace: str, name: str) -> Any:
+    """``torch.ops.<namespace>.<name>``, or None where no such operator is registered."""
+    try:
+        return getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 # Note [Probing torch's SAC decision]
@@ -528,6 +607,18 @@ def _check_python_internals() -> List[str]:
         and not has_ordered_effects(torch.ops.aten.mm.default),
         "no longer knows aten._linalg_check_errors as effectful",
     )
+    expect(
+        "torch.utils.checkpoint._is_cacheable_effect",
+        lambda: sac_caches_effectful_op(torch.ops.aten._linalg_check_errors.default)
+        and not sac_caches_effectful_op(torch.ops.aten.mm.default),
+        "does not take aten._linalg_check_errors as an effectful op SAC caches",
+    )
+    expect(
+        "torch._library.simple_registry.singleton._data / torch._C._jit_get_all_schemas",
+        _effect_registry_holds,
+        "no longer holds aten::_linalg_check_errors's effect by name, or schemas no longer list "
+        "their arguments' types",
+    )
     # Structure only: running an op under torch's SAC mode imports
     # torch._dynamo (seconds), which import must not pay; the probe itself
     # runs on first use of aliasguard.checkpoint, after torch's checkpoint
@@ -550,6 +641,22 @@ def _check_python_internals() -> List[str]:
         "gives wrong answers for aten::add.Tensor",
     )
     return problems
+
+
+def _effect_registry_holds() -> bool:
+    # Structure only (the full scan of effect_candidate_ops takes ~60 ms).
+    import torch._higher_order_ops.effects  # noqa: F401  (registers aten's effects)
+    from torch._library import simple_registry
+
+    entry = simple_registry.singleton._data.get("aten::_linalg_check_errors")
+    schema = torch.ops.aten._linalg_check_errors.default._schema
+    return (
+        isinstance(simple_registry.singleton._data, dict)
+        and entry is not None
+        and entry.effect.effect is not None
+        and callable(torch._C._jit_get_all_schemas)
+        and all(hasattr(argument, "type") for argument in schema.arguments)
+    )
 
 
 def _check_cpp_internals() -> List[str]:

@@ -26,8 +26,10 @@ __all__ = [
     "TorchCachingMode",
     "TorchCachedMode",
     "current_user_saved_tensors_hooks",
+    "caches_effectful_op",
     "has_ordered_effects",
     "is_tracing_for_compile",
+    "ops_kept_for_effect",
     "policies_overridden_for_effects",
     "supports_respect_saved_tensors_hooks",
 ]
@@ -59,6 +61,16 @@ def current_user_saved_tensors_hooks() -> Optional[Hooks]:
 def has_ordered_effects(op: Any) -> bool:
     """Whether ``op`` has an ordered side effect registered (e.g. ``aten._print``)."""
     return _internals.has_ordered_effects(op)
+
+
+def caches_effectful_op(op: Any) -> bool:
+    """Whether the running torch's SAC keeps ``op``'s output for its effect, where a policy overrides.
+
+    Every op with an ordered effect before torch 2.15; from 2.15 on, those
+    but the raw ``c10d`` collectives (their output is an asynchronous work
+    handle, no cache boundary).
+    """
+    return _internals.sac_caches_effectful_op(op)
 
 
 _NON_SAVING_POLICIES = (
@@ -116,6 +128,32 @@ def policies_overridden_for_effects() -> FrozenSet[CheckpointPolicy]:
     running torch's SAC mode once imports ``torch._dynamo`` (about a second).
     """
     return frozenset(policy for policy in _NON_SAVING_POLICIES if _torch_sac_keeps_effectful_op(policy))
+
+
+# (key the set was computed under, the set); see ops_kept_for_effect.
+_kept_for_effect: Tuple[Any, FrozenSet[Any]] = (None, frozenset())
+
+
+def ops_kept_for_effect() -> FrozenSet[Any]:
+    """The ops whose outputs the running torch's SAC keeps for their effect where a policy recomputes.
+
+    Empty where no policy is overridden for effects (torch 2.13, 2.14).
+    Otherwise every registered ``OpOverload`` that torch's own predicate takes
+    as an effectful op SAC caches (``caches_effectful_op``), computed again
+    only when an operator is registered or deregistered, or an op's effect
+    entry is created (an effect registered for an op whose entry existed
+    already, after this was computed, is not seen until then). See Note
+    [Effectful ops on the fast path] in ``checkpoint.py``.
+    """
+    global _kept_for_effect
+    if not policies_overridden_for_effects():
+        return frozenset()
+    key, kept = _kept_for_effect
+    if key != _internals.effect_registry_key():
+        kept = frozenset(op for op in _internals.effect_candidate_ops() if caches_effectful_op(op))
+        # After the scan: asking for an op's effect creates its registry entry.
+        _kept_for_effect = (_internals.effect_registry_key(), kept)
+    return kept
 
 
 def is_tracing_for_compile() -> bool:

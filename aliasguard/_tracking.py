@@ -23,6 +23,7 @@ import functools
 from typing import Callable, TypeVar, cast
 
 from aliasguard import _C
+from aliasguard._arguments import require_bool
 
 __all__ = ["is_view_tracking_enabled", "set_view_tracking", "with_tracking"]
 
@@ -34,9 +35,12 @@ def set_view_tracking(enabled: bool) -> bool:
 
     Returns the previous setting. :func:`aliasguard.track_views` and
     :func:`with_tracking` keep working either way.
+
+    Raises:
+        TypeError: ``enabled`` is not a Python ``bool`` (a numpy bool, ``0``
+            or ``None`` included); the setting is unchanged.
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_view_tracking(): enabled must be a bool, got {type(enabled).__name__}")
+    require_bool("set_view_tracking()", "enabled", enabled)
     return _C._set_automatic_view_tracking(enabled)
 
 
@@ -53,7 +57,9 @@ def with_tracking(op: Callable[..., R]) -> Callable[..., R]:
     writes bump counters, while nothing else in the body (a call into a
     backend library, say) runs with the key enabled. For code whose class opts
     out of automatic tracking. The call goes through C++: no Python frame is
-    added.
+    added. While :func:`aliasguard.uninstall` runs on another thread, the call
+    waits for it (Note [Installing and uninstalling while bodies run] in
+    ``torch/csrc/utils/running_bodies.h``).
 
     Raises:
         TypeError: ``op`` is not callable.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator, Literal, Optional, TypeVar
+import functools
+import threading
+from typing import Any, Callable, Literal, Optional, TypeVar, cast
 
 import torch
 
@@ -79,8 +80,7 @@ def shares_version_counter(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _C.shares_version_counter(a, b)
 
 
-@contextlib.contextmanager
-def track_views() -> Iterator[None]:
+def track_views() -> "_TrackViews":
     """Track views and in-place ops below autograd for the enclosed code.
 
     Inside ``__torch_dispatch__`` autograd's ``ADInplaceOrView`` kernels are
@@ -92,10 +92,69 @@ def track_views() -> Iterator[None]:
 
     Usable as ``with track_views():`` and as a decorator ``@track_views()``;
     nesting is fine, and the previous state is restored on exit, exceptions
-    included.
+    included. The object returned is used once: ``with`` it once, or
+    decorate with it (each call then opens a scope of its own). Entering
+    waits while :func:`aliasguard.uninstall` runs on another thread (see
+    Note [Installing and uninstalling while bodies run] in
+    ``torch/csrc/utils/running_bodies.h``).
+
+    Raises:
+        RuntimeError: this object was entered before (create a new
+            ``track_views()`` per ``with`` block), or its ``__exit__`` is
+            called without a matching ``__enter__``, twice, or on another
+            thread than the one that entered it.
     """
-    was_excluded = _C._enable_view_tracking()
-    try:
-        yield
-    finally:
-        _C._restore_view_tracking(was_excluded)
+    return _TrackViews()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NEW, _OPEN, _ENDED = "new", "open", "ended"
+
+
+class _TrackViews:
+    """One :func:`track_views` scope: a context manager used once, or a decorator."""
+
+    __slots__ = ("_state", "_was_excluded", "_thread")
+
+    def __init__(self) -> None:
+        self._state = _NEW
+        self._was_excluded = False
+        self._thread = 0
+
+    def __enter__(self) -> None:
+        if self._state != _NEW:
+            where = "is open" if self._state == _OPEN else "has ended"
+            raise RuntimeError(
+                f"aliasguard.track_views(): this track_views() object was entered before (it {where}); "
+                "it is used once: create a new aliasguard.track_views() for each with-block (or use "
+                "@aliasguard.track_views() as a decorator, which opens a new scope per call)"
+            )
+        self._was_excluded = _C._enable_view_tracking()
+        self._state, self._thread = _OPEN, threading.get_ident()
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        if self._state != _OPEN:
+            what = "was never entered" if self._state == _NEW else "has ended already"
+            raise RuntimeError(
+                f"aliasguard.track_views(): __exit__ called on a track_views() scope that {what}; "
+                "use `with aliasguard.track_views():` (or @aliasguard.track_views()), which enters and "
+                "exits each scope once"
+            )
+        if self._thread != threading.get_ident():
+            raise RuntimeError(
+                "aliasguard.track_views(): __exit__ called on another thread than the one that entered "
+                "the scope; end each track_views() scope on the thread that entered it"
+            )
+        self._state = _ENDED
+        _C._restore_view_tracking(self._was_excluded)
+
+    def __call__(self, func: F) -> F:
+        """Decorate ``func``: each call runs in a new tracked scope."""
+
+        @functools.wraps(func)
+        def tracked(*args: Any, **kwargs: Any) -> Any:
+            with _TrackViews():
+                return func(*args, **kwargs)
+
+        return cast(F, tracked)

@@ -101,6 +101,7 @@ from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 from aliasguard import _C
 from aliasguard import _torch_sac_semantics as _semantics
 from aliasguard import _install
+from aliasguard._arguments import require_bool
 from aliasguard._torch_internals import (
     HigherOrderOperator,
     OpOverload,
@@ -345,7 +346,8 @@ def _raise_fast_path_mutation(
         f"{cached_at}), cached by selective checkpointing for the backward "
         f"pass, was modified in place {when}: its version was {expected} when "
         f"cached and is {found} now. Using it would compute wrong gradients. "
-        "The list-policy fast path does not see the write itself; pass "
+        "The fast path (a list policy, or a policy function given ops=) does "
+        "not see the write itself; pass "
         "fast_path=False to have the forward pass refuse the write before it "
         "happens and name its line. Clone the tensor before writing to it, "
         f"have the policy recompute {cached_op}, or pass "
@@ -402,7 +404,7 @@ _C._sac_configure(
     {
         "ignored_ops": sac_ignored_ops(),
         "op_overload_type": OpOverload,
-        "has_effects": _semantics.has_ordered_effects,
+        "has_effects": _semantics.caches_effectful_op,
         "context_type": SelectiveCheckpointContext,
         "policy_type": CheckpointPolicy,
         "must_save": CheckpointPolicy.MUST_SAVE,
@@ -557,6 +559,45 @@ def _qualified(op: OpOverload) -> Tuple[str, str]:
     return schema.name, schema.overload_name
 
 
+# Note [Effectful ops on the fast path]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# From torch 2.15 on, torch's SAC keeps the output of an op with an ordered
+# effect (aten._linalg_check_errors, aten._print, ops taking a TorchBind
+# object, custom ops registered with an effect; not the raw c10d
+# collectives) whenever the policy would recompute it, so that the effect
+# happens once. The fast path sees only the ops it has kernels for, so it
+# gets kernels for those ops too (_torch_sac_semantics.ops_kept_for_effect
+# lists them, by torch's own predicate): with a list policy they are simply
+# cached; with a policy function they are cached without asking it when it
+# was not given them in ``ops=`` (the modes recompute such ops without asking,
+# and torch's override then keeps them), and when it was, its answer is
+# overridden as torch overrides it. Higher-order operators with an effect are
+# not dispatcher ops and never reach the fast path (nor, in eager mode, the
+# modes' ``__torch_dispatch__``).
+def _with_effects_kept(
+    saved_ops: FrozenSet[Op], policy_fn: Optional[PolicyFn], kept_for_effect: FrozenSet[Op]
+) -> Tuple[FrozenSet[Op], Optional[PolicyFn]]:
+    """``saved_ops`` and ``policy_fn`` for the fast path where torch keeps ``kept_for_effect`` ops.
+
+    See Note [Effectful ops on the fast path].
+    """
+    overridden = _semantics.policies_overridden_for_effects()
+    if policy_fn is None:
+        return saved_ops | kept_for_effect, None
+    asked = saved_ops
+    user_policy = policy_fn
+
+    def keeping_effects(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func not in kept_for_effect:
+            return user_policy(ctx, func, *args, **kwargs)
+        if func not in asked:
+            return CheckpointPolicy.MUST_SAVE
+        decision = _coerce_policy(user_policy(ctx, func, *args, **kwargs), func)
+        return CheckpointPolicy.MUST_SAVE if decision in overridden else decision
+
+    return saved_ops | kept_for_effect, keeping_effects
+
+
 def _fast_path_contexts(
     saved_ops: FrozenSet[Op],
     allow_cache_entry_mutation: bool,
@@ -569,20 +610,37 @@ def _fast_path_contexts(
     policy function saves (see Note [Function policies below autograd] in
     ``selective_checkpoint_fast_path.h``).
 
-    The modes stay for: higher-order ops in the list, ops SAC ignores or with
-    ordered effects, a torch that overrides policies for effectful ops (the
-    fast path sees only the listed ops), and user saved-tensors hooks on a
-    torch whose SAC may route its cache through them.
+    On a torch whose SAC keeps effectful ops' outputs whatever a recomputing
+    policy says (2.15 on), those ops join the fast path's own: see Note
+    [Effectful ops on the fast path].
+
+    The modes stay for: higher-order ops in the list, ops SAC ignores in the
+    list, and user saved-tensors hooks on a torch whose SAC may route its
+    cache through them.
     """
-    if _semantics.policies_overridden_for_effects():
-        return None
+    kept_for_effect = _semantics.ops_kept_for_effect()
+    if kept_for_effect:
+        saved_ops, policy_fn = _with_effects_kept(saved_ops, policy_fn, kept_for_effect)
     if _semantics.supports_respect_saved_tensors_hooks() and _semantics.current_user_saved_tensors_hooks() is not None:
+        return None
+    higher_order = sorted(op.name() for op in saved_ops if isinstance(op, HigherOrderOperator))
+    if higher_order:
+        warnings.warn(
+            "aliasguard.checkpoint: the ops the policy may save include higher-order "
+            f"operator(s) {', '.join(higher_order)}, which the fast path cannot see (they are "
+            "not one dispatcher op), so this region runs under the dispatch-mode path instead: "
+            "every op in it goes through a TorchDispatchMode, as with torch's own selective "
+            "checkpointing, rather than only the listed ops below autograd. Leave them out of "
+            "the list where they do not run in eager mode, or pass fast_path=False to choose "
+            "the mode path without this warning.",
+            stacklevel=3,
+        )
         return None
     ignored = sac_ignored_ops()
     ops: List[Tuple[str, str, Op]] = []
     by_name: Dict[str, Op] = {}
     for op in saved_ops:
-        if not isinstance(op, OpOverload) or op in ignored or _semantics.has_ordered_effects(op):
+        if not isinstance(op, OpOverload) or op in ignored:
             return None
         name, overload = _qualified(op)
         # Views, in-place and CompositeImplicitAutograd ops are recomputed by
@@ -684,6 +742,12 @@ def _coercing(policy_fn: PolicyFn) -> PolicyFn:
     return checked
 
 
+def _check_flags(function: str, **flags: Any) -> None:
+    """``TypeError`` for the first flag that is not a Python ``bool``, naming it and its type."""
+    for name, value in flags.items():
+        require_bool(f"aliasguard.checkpoint.{function}", name, value)
+
+
 def create_selective_checkpoint_contexts(
     policy_fn_or_list: Union[PolicyFn, Collection[Op]],
     allow_cache_entry_mutation: bool = False,
@@ -739,7 +803,9 @@ def create_selective_checkpoint_contexts(
 
     Raises:
         TypeError: ``policy_fn_or_list`` is neither callable nor a
-            collection, or ``ops`` is not a collection.
+            collection, or ``ops`` is not a collection; or
+            ``allow_cache_entry_mutation`` or ``fast_path`` is not a Python
+            ``bool`` (the message names the argument and the type given).
         ValueError: the collection (or ``ops``) holds something that is not
             an ``OpOverload`` (an ``OpOverloadPacket`` such as
             ``torch.ops.aten.mm`` is refused, naming it), as torch raises;
@@ -753,6 +819,11 @@ def create_selective_checkpoint_contexts(
     :class:`CheckpointMutationError` when a cached tensor was modified after
     the forward pass.
     """
+    _check_flags(
+        "create_selective_checkpoint_contexts()",
+        allow_cache_entry_mutation=allow_cache_entry_mutation,
+        fast_path=fast_path,
+    )
     # It relies on detach keeping the counter, which uninstall() takes back.
     _install.require_installed("aliasguard.checkpoint")
     policy_fn, saved_ops = _as_policy(policy_fn_or_list, ops)
@@ -829,12 +900,19 @@ def checkpoint(
             passed (``policy`` builds it), or ``respect_saved_tensors_hooks``
             was given to a torch whose checkpoint has no such option.
         TypeError: see :func:`create_selective_checkpoint_contexts`;
-            ``respect_saved_tensors_hooks`` is not a bool or None.
+            ``respect_saved_tensors_hooks`` is not a bool or None. Raised
+            before anything runs.
         CheckpointPolicyError: the policy function returned something that
             is not a ``CheckpointPolicy`` or a bool, for the op named in the
             message (raised from the op, in the forward pass; a
             ``ValueError``, so it also surfaces from ``@``, ``*``, ``+``).
     """
+    # Before anything runs or changes (kwargs included).
+    _check_flags(
+        "checkpoint()",
+        allow_cache_entry_mutation=allow_cache_entry_mutation,
+        fast_path=fast_path,
+    )
     # It relies on detach keeping the counter, which uninstall() takes back.
     _install.require_installed("aliasguard.checkpoint")
     if kwargs.pop("use_reentrant", False):
@@ -857,7 +935,7 @@ def checkpoint(
             raise TypeError(
                 "aliasguard.checkpoint.checkpoint: respect_saved_tensors_hooks "
                 "must be True, False or None, got "
-                f"{type(respect_saved_tensors_hooks).__name__}"
+                f"{_type_name(respect_saved_tensors_hooks)}"
             )
         if not _semantics.supports_respect_saved_tensors_hooks():
             raise ValueError(

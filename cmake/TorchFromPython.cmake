@@ -26,7 +26,8 @@ if(NOT Python_EXECUTABLE)
 endif()
 
 # ALIASGUARD_TORCH_MIN / _MAX (read from pyproject.toml, so editing the range
-# there reconfigures) and aliasguard_check_torch_version().
+# there reconfigures), aliasguard_check_torch_version() and
+# aliasguard_torch_not_found(), shared with the build backend's early check.
 include("${CMAKE_CURRENT_LIST_DIR}/CheckTorchVersion.cmake")
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${CMAKE_CURRENT_LIST_DIR}/../pyproject.toml")
 
@@ -54,15 +55,7 @@ print(torch.version.cuda or "")
 
 if(NOT _ag_rc EQUAL 0)
   string(STRIP "${_ag_err}" _ag_err)
-  message(FATAL_ERROR
-    "aliasguard builds against the torch installed for ${Python_EXECUTABLE}, "
-    "but that interpreter cannot import torch:\n  ${_ag_err}\n\n"
-    "Install torch (torch>=${ALIASGUARD_TORCH_MIN},<${ALIASGUARD_TORCH_MAX}) for this interpreter first, "
-    "then build with:\n"
-    "  pip install scikit-build-core cmake ninja\n"
-    "  pip install --no-build-isolation .\n"
-    "or, from a source checkout, `make build` (which sets up .venv itself). "
-    "To build for another interpreter, pass -DPython_EXECUTABLE=/path/to/python.")
+  aliasguard_torch_not_found("${Python_EXECUTABLE}" "${_ag_err}")
 endif()
 
 string(REPLACE "\n" ";" _ag_lines "${_ag_out}")

@@ -36,9 +36,28 @@ void WrittenVersions::undo_one_bump() {
   }
 }
 
-void WrittenVersions::bump_unmoved() {
-  for (auto& [counter, version] : entries_) {
-    if (counter.current_version() == version) {
+void WrittenVersions::bump_to_one_per_write() {
+  // Entries that share a counter (a tensor listed twice, two views of one
+  // base) were remembered at the same version; the first of them settles
+  // the counter for all. Lists are short: a quadratic walk beats hashing.
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const void* identity =
+        internals::version_counter_identity(entries_[i].first);
+    bool settled = false;
+    uint32_t writes = 0;
+    for (size_t j = 0; j < entries_.size(); ++j) {
+      if (internals::version_counter_identity(entries_[j].first) == identity) {
+        settled = settled || j < i;
+        ++writes;
+      }
+    }
+    if (settled) {
+      continue;
+    }
+    auto& [counter, version] = entries_[i];
+    for (uint32_t current = counter.current_version();
+         current < version + writes;
+         ++current) {
       counter.bump();
     }
   }

@@ -63,9 +63,11 @@ class WrittenVersions {
   // it too. Further writes stay counted, so no version seen between them
   // can be current again.
   ALIASGUARD_API void undo_one_bump();
-  // Bumps each counter that did not move: no bump is coming from above, and
-  // the write must be counted.
-  ALIASGUARD_API void bump_unmoved();
+  // Brings each counter up to one bump per remembered tensor that uses it,
+  // when it moved less: no bump is coming from above, and each write must be
+  // counted as top level counts it (once per list element, so a tensor
+  // listed twice, or two views of one base, count twice).
+  ALIASGUARD_API void bump_to_one_per_write();
 
  private:
   c10::SmallVector<std::pair<c10::VariableVersion, uint32_t>, 2> entries_;

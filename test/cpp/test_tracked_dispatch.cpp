@@ -56,7 +56,7 @@ TEST(WrittenVersions, UndoOneBumpAfterOneWriteLeavesTheCountForTheOuterBump) {
   EXPECT_EQ(written._version(), before);
 }
 
-TEST(WrittenVersions, BumpUnmovedCountsAWriteNobodyCounted) {
+TEST(WrittenVersions, BumpToOnePerWriteCountsAWriteNobodyCounted) {
   at::Tensor moved = at::ones({2});
   at::Tensor unmoved = at::ones({2});
   const auto moved_before = moved._version();
@@ -65,9 +65,30 @@ TEST(WrittenVersions, BumpUnmovedCountsAWriteNobodyCounted) {
   versions.remember(*moved.unsafeGetTensorImpl());
   versions.remember(*unmoved.unsafeGetTensorImpl());
   moved.add_(1);
-  versions.bump_unmoved();
+  versions.bump_to_one_per_write();
   EXPECT_EQ(moved._version(), moved_before + 1);
   EXPECT_EQ(unmoved._version(), unmoved_before + 1);
+}
+
+TEST(WrittenVersions, BumpToOnePerWriteCountsEachListedAliasOnce) {
+  // _foreach_add_([a, a], 1) and _foreach_mul_ of two halves of one base
+  // bump the shared counter twice at top level.
+  at::Tensor a = at::zeros({2});
+  at::Tensor base = at::zeros({4});
+  at::Tensor low = base.narrow(0, 0, 2);
+  at::Tensor high = base.narrow(0, 2, 2);
+  const auto a_before = a._version();
+  const auto base_before = base._version();
+  aliasguard::WrittenVersions versions;
+  versions.remember(*a.unsafeGetTensorImpl());
+  versions.remember(*a.unsafeGetTensorImpl());
+  versions.remember(*low.unsafeGetTensorImpl());
+  versions.remember(*high.unsafeGetTensorImpl());
+  low.add_(1); // the body counted one of the two writes itself
+  versions.bump_to_one_per_write();
+  EXPECT_EQ(a._version(), a_before + 2);
+  EXPECT_EQ(base._version(), base_before + 2);
+  EXPECT_EQ(high._version(), base_before + 2);
 }
 
 TEST(WrittenVersions, InferenceTensorsAreSkipped) {
@@ -80,7 +101,7 @@ TEST(WrittenVersions, InferenceTensorsAreSkipped) {
   versions.remember(*inference.unsafeGetTensorImpl());
   EXPECT_TRUE(versions.empty());
   versions.undo_one_bump();
-  versions.bump_unmoved(); // nothing to do, nothing thrown
+  versions.bump_to_one_per_write(); // nothing to do, nothing thrown
 }
 
 std::vector<size_t> written_arguments(const char* name, const char* overload) {

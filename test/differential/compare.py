@@ -109,30 +109,51 @@ def _short(v: Any) -> Any:
     return v if len(s) <= 120 else s[:117] + "..."
 
 
-def classify(scenario: str, stock: Any, ag: Any) -> dict:
-    """Status of one scenario and its differences, each tagged with the rule that explains it."""
+RANK = {"same": 0, "intended": 1, "known_bug": 2, "missing": 3, "unexpected": 4}
+
+
+def classify(scenario: str, stock: Any, ag: Any, off: frozenset = frozenset(),
+             expected_rules: set[str] | None = None) -> dict:
+    """Status of one scenario and its differences, each tagged with the rule that explains it.
+
+    ``off``: the features the configuration switched off; their rules explain nothing. ``expected_rules``:
+    the intended rules this scenario must show (intended.WHERE_FILE, less those of ``off``), or None
+    (not checked). A rule that matches but is not expected is unexpected (``unlisted``); an expected rule
+    that no difference shows is ``missing`` (status "missing" unless something worse is there)."""
     from differential import expected, intended
 
     if isinstance(stock, dict) and "skipped" in stock and stock == ag:
-        return {"status": "skipped", "diffs": [], "reason": stock["skipped"]}
+        return {"status": "skipped", "diffs": [], "missing": [], "reason": stock["skipped"]}
+    rules = intended.allowed(off)
     raw = diff(stock, ag)
     diffs = []
     status = "same"
-    rank = {"same": 0, "intended": 1, "known_bug": 2, "unexpected": 3}
+    shown: set[str] = set()
     for path, s, a in raw:
         d = Diff(scenario, path, s, a, stock, ag)
-        tag, rule = "unexpected", None
+        tag, rule, unlisted = "unexpected", None, False
         bug = next((b for b in expected.EXPECTED_FAILURES if b.matches(d)), None)
         if bug is not None:
             tag, rule = "known_bug", bug.id
         else:
-            ok = next((r for r in intended.INTENDED if r.matches(d)), None)
+            ok = next((r for r in rules if r.matches(d)), None)
             if ok is not None:
-                tag, rule = "intended", ok.id
-        if rank[tag] > rank[status]:
+                rule = ok.id
+                if expected_rules is None or ok.id in expected_rules or ok.unmasked_by & off:
+                    tag = "intended"
+                    shown.add(ok.id)
+                else:
+                    unlisted = True  # an intended kind of difference, where it is not listed
+        if RANK[tag] > RANK[status]:
             status = tag
         entry = {"path": d.path_str, "stock": s, "aliasguard": a, "tag": tag, "rule": rule}
+        if unlisted:
+            entry["unlisted"] = True
         if d.key == "exc":
             entry["stock_msg"], entry["aliasguard_msg"] = d.msg("stock"), d.msg("ag")
         diffs.append(entry)
-    return {"status": status, "diffs": diffs}
+    missing = sorted(expected_rules - shown) if expected_rules is not None else []
+    # (a rule some switched-off feature unmasks may show unlisted, and is never required there)
+    if missing and RANK["missing"] > RANK[status]:
+        status = "missing"
+    return {"status": status, "diffs": diffs, "missing": missing}

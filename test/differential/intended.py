@@ -2,10 +2,20 @@
 
 Mirrored as the table "Intended differences" at the end of docs/design.md. A
 difference that no rule here and no known bug in expected.py matches fails the run.
+
+The check is two-sided: each rule names the features it needs (``needs``, configs.FEATURES), and
+``intended_where.json`` lists, per torch release, the scenarios in which each rule shows (recorded from
+a full run in the default configuration, ``run.py --update-where``). A scenario that ran, in a
+configuration leaving every feature of a listed rule on, and does not show that rule fails the run
+("intended difference missing"); a rule that shows where it is not listed, or whose feature the
+configuration switched off, is unexpected.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
 
 from dataclasses import dataclass
@@ -13,12 +23,19 @@ from typing import Any, Callable
 
 from differential.compare import Diff
 
+TRACKED = frozenset({"correction", "tracking"})  # automatic tracking needs correction to hand views back
+WHERE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "intended_where.json")
+
 
 @dataclass(frozen=True)
 class Rule:
     id: str
     reason: str
     pred: Callable[[Diff], bool]
+    needs: frozenset = TRACKED  # the features (configs.FEATURES) without which the difference is gone
+    # features that hide the difference where they are on: with one of them off the rule may also show in
+    # scenarios intended_where.json does not list it for (detach's counter, where tracking did the job)
+    unmasked_by: frozenset = frozenset()
 
     def matches(self, d: Diff) -> bool:
         try:
@@ -227,6 +244,14 @@ DETACH = "aten.detach.default"
 
 def _detach_keeps_counter(d: Diff) -> bool:
     # detach below autograd (here: inside a mode's __torch_dispatch__) shares its input's version counter
+    if d.family == "detach":
+        # detach/<op>: kept/keptN/version (the output's, stock 0), kept_versions_after_write/keptN (the output's
+        # after the write, stock 0); kept N is output N's
+        if d.path[:1] == ("kept",) and len(d.path) == 3 and d.key == "version":
+            return d.stock == 0 and d.ag == d.ag_rec["outs"][f"out{d.path[1][4:]}"]["version"]
+        if d.path[:1] == ("kept_versions_after_write",) and len(d.path) == 2:
+            return d.stock == 0 and d.ag == d.ag_rec["out_versions_after_write"][f"out{d.path[1][4:]}"]
+        return False
     if _mode(d) not in ("pass", "saving", "datamode"):
         return False
     if d.path[:1] == ("inside",) and len(d.path) == 5 and d.key == "version":
@@ -239,6 +264,100 @@ def _detach_keeps_counter(d: Diff) -> bool:
         return (d.ag_rec["saved_ops"][n] == DETACH and both_plain and is_version
                 and isinstance(d.ag, int) and isinstance(d.stock, int) and d.ag > d.stock)
     return False
+
+
+def _checkpoint_refuses(variant: str) -> Callable[[Diff], bool]:
+    # aliasguard.checkpoint refuses a cached tensor that was written: CheckpointMutationError, in the forward
+    # pass (a write inside the region) or in backward (after it), where torch's SAC raises its own
+    # RuntimeError at recompute or, for a batched matmul's result (its _unsafe_view), computes silently
+    # wrong gradients. Only where the aliasguard side used aliasguard.checkpoint (``variant``).
+    def pred(d: Diff) -> bool:
+        if d.family != "checkpoint" or d.variant != variant or d.key != "exc":
+            return False
+        return d.ag == "CheckpointMutationError" and d.stock in ("RuntimeError", "<no exception>")
+
+    return pred
+
+
+def _untracked_saving_counter(d: Diff) -> bool:
+    # dispatcher/saving/... with tracking off: the saving mode's outputs of view ops share their input's
+    # counter by correction alone (as top level), so writing the outputs afterwards moves what was kept of
+    # them (stock: each kept tensor its own counter). In the default configuration the dispatcher rules
+    # explain these; this rule is never listed and only shows while tracking is off (unmasked_by).
+    if d.family != "dispatcher" or d.variant != "saving" or d.path[:1] != ("saved_versions_after_write",):
+        return False
+    return isinstance(d.ag, int) and isinstance(d.stock, int) and d.ag > d.stock
+
+
+def _audit_reports_uncorrected(d: Diff) -> bool:
+    # an audit variant (njt/audit/..., dtensor/audit/..., trace/audit/...): a step that raised AliasingError on
+    # the aliasguard side only
+    return d.variant == "audit" and d.key == "exc" and d.ag == "AliasingError" and d.stock != "AliasingError"
+
+
+def _body_rewrite_counts(d: Diff) -> bool:
+    # rewrite/<op>: the body writes the op's argument once more after answering it; that write counts
+    # (one more than stock, in the argument and in the output that is the argument or its view)
+    if d.family != "rewrite" or d.key != "version" or len(d.path) != 3 or d.path[0] not in ("args", "outs"):
+        return False
+    return isinstance(d.ag, int) and isinstance(d.stock, int) and d.ag == d.stock + 1
+
+
+def _dispatcher_top(d: Diff) -> dict | None:
+    # dispatcher/<mode>/<op>/<variant>: the op at top level, recorded alike on both sides
+    top = d.ag_rec.get("top") if d.family == "dispatcher" and isinstance(d.ag_rec, dict) else None
+    if not isinstance(top, dict) or "tensors" not in top or top != d.stock_rec.get("top"):
+        return None
+    return top
+
+
+def _dispatcher_settled_writes(d: Diff) -> bool:
+    # dispatcher/*: an op that writes arguments, returns nothing and has no ADInplaceOrView kernel (_foreach_*_,
+    # _fused_sgd_, _cummax_helper): through a mode each written argument's version is what top level gives
+    # (once per list element: a tensor listed twice, two views of one base count twice), or, where top level
+    # counts nothing (a kernel that writes without calling in-place ops), one bump per written argument
+    top = _dispatcher_top(d)
+    if top is None or not d.ag_rec.get("settled_writes") or d.path[:1] != ("args",) or len(d.path) != 3:
+        return False
+    if d.key != "version" or not isinstance(d.ag, int) or not isinstance(d.stock, int):
+        return False
+    at_top = top["tensors"].get(d.path[1], {}).get("version")
+    writes = 2 if d.scenario.rsplit("/", 1)[-1] in ("repeated", "halves", "overlap") else 1
+    return d.ag == at_top or (at_top == d.stock and d.ag == d.stock + writes)
+
+
+def _dispatcher_as_top_level(d: Diff) -> bool:
+    # dispatcher/*: an argument or output after the op through a mode, or a kept tensor that is one of the op's
+    # outputs (saving, keep), is what top level gives: version, _is_view, _base, and the version after the
+    # outputs are written. Custom ops (any registration time) count and make views as at top level.
+    top = _dispatcher_top(d)
+    if top is None or d.ag_rec.get("settled_writes") and d.path[:1] == ("args",):
+        return False
+    section = d.path[0] if d.path else None
+    name = d.path[1] if len(d.path) > 1 else None
+    if section in ("args", "outs") and len(d.path) == 3 and d.key in ("version", "is_view", "base"):
+        want = top["tensors"].get(name, {}).get(d.key, "<none>")
+    elif section == "saved" and len(d.path) == 3 and d.key in ("version", "is_view", "base"):
+        out = d.ag_rec.get("saved_is", {}).get(name)
+        want = top["tensors"].get(out, {}).get(d.key, "<none>") if out else "<none>"
+    elif section == "saved_versions_after_write" and len(d.path) == 2:
+        out = d.ag_rec.get("saved_is", {}).get(name)
+        want = top.get("after_write", {}).get(out, "<none>") if out else "<none>"
+    else:
+        return False
+    return want == d.ag and want != d.stock
+
+
+_OPDB_SAVING_RULES = ("inside-dispatch-views-are-views", "saved-view-is-view", "saved-alias-shares-counter",
+                      "body-writes-count-inside", "saved-view-sees-writes")
+
+
+def _dispatcher_saving_as_opdb(d: Diff) -> bool:
+    # dispatcher/saving/*: the saving mode of the opdb family, on the dispatcher's ops: what its rules accept
+    if d.family != "dispatcher" or d.variant != "saving":
+        return False
+    as_opdb = dataclasses.replace(d, scenario="opdb/" + d.scenario.split("/", 1)[1])
+    return any(RULES[r].matches(as_opdb) for r in _OPDB_SAVING_RULES)
 
 
 INTENDED: list[Rule] = [
@@ -271,9 +390,96 @@ INTENDED: list[Rule] = [
     Rule("detach-keeps-counter",
          "aten::detach below autograd shares its input's version counter (design.md: detach keeps the version "
          "counter), so the detached tensor's _version follows its input's and moves with writes to it",
-         _detach_keeps_counter),
+         _detach_keeps_counter, frozenset({"detach"}), frozenset({"tracking"})),
     Rule("wrapper-inplace-sizes",
          "a wrapper subclass written by an in-place op takes the sizes the op returned, so its shape/stride "
          "match the op on plain tensors (stock keeps the wrapper's stale sizes)",
-         _wrapper_takes_inplace_sizes),
+         _wrapper_takes_inplace_sizes, frozenset({"correction"})),
+    Rule("audit-reports-uncorrected",
+         "with alias correction off for the process, aliasguard.audit() raises AliasingError for a subclass's "
+         "results that break their schema's aliasing (a nested jagged tensor's views: no shared storage or "
+         "counter), which correction otherwise repairs before the audit looks; stock has no audit",
+         _audit_reports_uncorrected, frozenset(), frozenset({"correction"})),
+    Rule("checkpoint-refuses-mutated-cache",
+         "aliasguard.checkpoint (its fast path: C++ kernels for the listed ops) raises CheckpointMutationError "
+         "for a write to a cached tensor (at the end of the forward region, or at backward for a write after "
+         "it), where torch's SAC raises a RuntimeError at recompute or, when a batched matmul's _unsafe_view "
+         "hides the write, computes wrong gradients silently",
+         _checkpoint_refuses("sac"), frozenset({"checkpoint"})),
+    Rule("checkpoint-modes-refuse-mutated-cache",
+         "the same with fast_path=False (its dispatch modes: the write is refused before it happens); the modes "
+         "keep cached outputs with detach below autograd, so this rests on detach keeping the counter too",
+         _checkpoint_refuses("sac_modes"), frozenset({"checkpoint", "detach"})),
+    Rule("body-rewrite-counts",
+         "a __torch_dispatch__ body that writes an in-place op's argument once more after answering the op: "
+         "that write counts (_version one more than stock); only the bump of the body's own call of the op is "
+         "taken back (Note [One bump per write through __torch_dispatch__])",
+         _body_rewrite_counts, TRACKED | {"version"}),
+    Rule("dispatcher-settled-writes-count",
+         "through a mode, an op that writes arguments, returns nothing and has no ADInplaceOrView kernel "
+         "(_foreach_*_, _fused_sgd_, _cummax_helper) bumps each written argument as top level does, once per "
+         "list element (stock: 0 below ADInplaceOrView); where top level counts nothing, once per written "
+         "argument (Note [One bump per write through __torch_dispatch__])",
+         _dispatcher_settled_writes, frozenset({"correction", "version"})),
+    Rule("dispatcher-mode-as-top-level",
+         "through a mode, the arguments and outputs of an op, and outputs kept in the body, are what top level "
+         "gives (versions, _is_view, _base, versions after a write), custom ops included whenever registered "
+         "(Note [What a tracked body's call runs as], Note [Ops registered after the tracked views' kernels])",
+         _dispatcher_as_top_level),
+    Rule("dispatcher-saving-as-opdb",
+         "the saving mode on the dispatcher's ops: the differences the opdb saving mode's rules accept",
+         _dispatcher_saving_as_opdb),
 ]
+# Last: it may explain only what no rule above does, and only while tracking is off.
+INTENDED.append(Rule(
+    "untracked-saving-views-share-counter",
+    "tracking off: a saving mode's kept outputs of view ops (dispatcher family) share their input's counter by "
+    "alias correction alone, so the writes made to the outputs after the op move them (stock: fresh counters)",
+    _untracked_saving_counter, frozenset({"correction"}), frozenset({"tracking"})))
+RULES: dict[str, Rule] = {r.id: r for r in INTENDED}
+
+
+def allowed(off: frozenset) -> list[Rule]:
+    """The rules that can show when the features in ``off`` are switched off."""
+    return [r for r in INTENDED if not (r.needs & off)]
+
+
+def torch_release() -> str:
+    import torch
+
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def load_where(release: str) -> dict[str, list[str]] | None:
+    """scenario id -> the rules it shows in the default configuration, as recorded for this torch release."""
+    if not os.path.exists(WHERE_FILE):
+        return None
+    with open(WHERE_FILE) as f:
+        return json.load(f).get("releases", {}).get(release)
+
+
+def save_where(release: str, shown: dict[str, list[str]], ran: list[str]) -> None:
+    """Record the rules each scenario in ``ran`` showed (others keep their entry)."""
+    data: dict[str, Any] = {"releases": {}}
+    if os.path.exists(WHERE_FILE):
+        with open(WHERE_FILE) as f:
+            data = json.load(f)
+    data["about"] = ("scenario id -> the intended rules it shows in the default configuration, per torch "
+                     "release; written by test/differential/run.py --update-where (docs/differential.md)")
+    where = data.setdefault("releases", {}).setdefault(release, {})
+    for sid in ran:
+        where.pop(sid, None)
+        if shown.get(sid):
+            where[sid] = sorted(shown[sid])
+    data["releases"][release] = dict(sorted(where.items()))
+    # one line per scenario, so that a change reads as a diff of the scenarios it concerns
+    lines = ["{", f' "about": {json.dumps(data["about"])},', ' "releases": {']
+    releases = sorted(data["releases"].items())
+    for k, (rel, table) in enumerate(releases):
+        lines.append(f"  {json.dumps(rel)}: {{")
+        rows = [f"   {json.dumps(sid)}: {json.dumps(rules)}" for sid, rules in table.items()]
+        lines.append(",\n".join(rows))
+        lines.append("  }" + ("," if k + 1 < len(releases) else ""))
+    lines += [" }", "}"]
+    with open(WHERE_FILE, "w") as f:
+        f.write("\n".join(lines) + "\n")

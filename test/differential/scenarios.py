@@ -22,7 +22,8 @@ from torch.utils._pytree import tree_map
 
 from differential import observe as ob
 
-FAMILIES = ("opdb", "opdb_tx", "njt", "dtensor", "dtensor_compile", "trace", "compile", "torchao")
+FAMILIES = ("opdb", "opdb_tx", "njt", "dtensor", "dtensor_compile", "trace", "compile", "torchao",
+            "checkpoint", "rewrite", "detach", "dispatcher")
 
 
 @dataclass
@@ -1006,6 +1007,12 @@ def registry() -> dict[str, Scenario]:
 
     all_ = (opdb_scenarios() + opdb_tx_scenarios() + njt_scenarios() + dtensor_scenarios()
             + dtensor_compile_scenarios() + trace_scenarios() + torchao_scenarios())
+    from differential.feature_scenarios import feature_scenarios  # checkpoint, rewrite, detach
+
+    all_ += feature_scenarios()
+    from differential.dispatcher_scenarios import dispatcher_scenarios  # dispatcher
+
+    all_ += dispatcher_scenarios()
     reg = {s.id: s for s in all_}
     assert len(reg) == len(all_), "duplicate scenario ids"
     return reg

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
@@ -824,6 +824,62 @@ def test_op_with_ordered_effect_is_replayed_exactly_as_by_torch_sac(policy):
     saved = policy in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
     expected_once = saved or policy in policies_overridden_for_effects()
     assert mine == (1 if expected_once else 2)
+
+
+@pytest.fixture(scope="module")
+def effectful_ops_by_namespace() -> Iterator[Dict[str, Any]]:
+    """An op with an ordered effect in a namespace of its own and one in ``c10d``.
+
+    torch 2.15's SAC keeps effectful ops' outputs whatever a non-saving policy
+    says, except raw ``c10d`` collectives (their output is no cache boundary).
+    Both ops copy their input, so neither aliases (an aliasing op has no effect).
+    """
+    from torch._higher_order_ops.effects import _EffectType
+
+    libraries = []
+    ops = {}
+    for namespace in ("aliasguard_effects", "c10d"):
+        lib = torch.library.Library(namespace, "FRAGMENT")
+        lib.define("aliasguard_effect_probe(Tensor x) -> Tensor")
+        lib.impl("aliasguard_effect_probe", lambda x: x.clone(), "CompositeExplicitAutograd")
+        lib._register_effectful_op(f"{namespace}::aliasguard_effect_probe", _EffectType.ORDERED)
+        libraries.append(lib)
+        ops[namespace] = getattr(torch.ops, namespace).aliasguard_effect_probe.default
+    yield ops
+    for lib in libraries:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("namespace", ["aliasguard_effects", "c10d"])
+@pytest.mark.parametrize("policy", list(CheckpointPolicy), ids=lambda p: p.name)
+def test_effectful_op_is_kept_or_replayed_as_by_torch_sac_in_each_namespace(
+    effectful_ops_by_namespace, namespace, policy
+):
+    op = effectful_ops_by_namespace[namespace]
+
+    def region(x: torch.Tensor) -> torch.Tensor:
+        return op(x.detach()) * x.sin()  # no gradient through the custom op
+
+    def count_calls(run: Callable[[torch.Tensor], torch.Tensor]) -> int:
+        calls = 0
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                nonlocal calls
+                calls += func is op
+                return func(*args, **(kwargs or {}))
+
+        x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+        with Count():
+            run(x).sum().backward()
+        return calls
+
+    constant = lambda ctx, op, *args, **kwargs: policy  # noqa: E731
+    theirs = count_calls(torch_sac(constant, region))
+    assert count_calls(ours(constant, region)) == theirs
+    saved = policy in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+    if saved or policy is CheckpointPolicy.MUST_RECOMPUTE:
+        assert theirs == (1 if saved else 2)  # no torch overrides these
 
 
 def torch_has_respect_saved_tensors_hooks() -> bool:

@@ -473,3 +473,95 @@ def test_ops_argument_errors_name_what_was_wrong():
     with pytest.raises(ValueError, match="a list policy already names them"):
         checkpoint(lambda x: x.sin(), x, policy=MATMULS, ops=MATMULS)
     assert x.grad is None and x._version == 0
+
+
+# --- ops with an ordered effect (Note [Effectful ops on the fast path]) ------------------
+
+
+def effectful_block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # aten._linalg_check_errors has an ordered effect registered by every
+    # supported torch; from 2.15 on torch's SAC keeps it whatever a
+    # recomputing policy says, so its effect happens once.
+    torch.ops.aten._linalg_check_errors.default(torch.zeros((), dtype=torch.int32), "test", is_matrix=False)
+    return torch.mm(x, w).sin()
+
+
+def effect_calls(make_contexts: Callable[[], Any]) -> int:
+    op = aten._linalg_check_errors.default
+    calls = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal calls
+            calls += func is op
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    with Count():
+        out = torch_checkpoint.checkpoint(effectful_block, x, w, use_reentrant=False, context_fn=make_contexts)
+        out.sum().backward()
+    return calls
+
+
+def function_policy_saving(saved: CheckpointPolicy) -> Callable[..., Any]:
+    return lambda ctx, func, *args, **kwargs: saved if func is aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize("policy_kind", ["list", "function", "function asked for it"])
+def test_an_effectful_op_keeps_the_fast_path_and_runs_as_often_as_with_torch_sac(policy_kind):
+    if policy_kind == "list":
+        ours_make = functools.partial(ours.create_selective_checkpoint_contexts, [aten.mm.default])
+        theirs_make = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, [aten.mm.default])
+    else:
+        ops = [aten.mm.default]
+        if policy_kind == "function asked for it":
+            ops.append(aten._linalg_check_errors.default)
+        policy = function_policy_saving(CheckpointPolicy.MUST_SAVE)
+        ours_make = functools.partial(ours.create_selective_checkpoint_contexts, policy, ops=ops)
+        theirs_make = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)
+    forward, recompute = ours_make()
+    assert not isinstance(forward, TorchDispatchMode) and not isinstance(recompute, TorchDispatchMode)
+    theirs = effect_calls(theirs_make)
+    assert effect_calls(ours_make) == theirs
+    from aliasguard import _torch_sac_semantics as semantics
+
+    kept = aten._linalg_check_errors.default in semantics.ops_kept_for_effect()
+    assert kept == bool(semantics.policies_overridden_for_effects())
+    assert theirs == (1 if kept else 2)
+
+
+def test_a_policy_that_must_recompute_an_effectful_op_replays_it_as_with_torch_sac():
+    # MUST_RECOMPUTE is the one answer torch's override leaves alone.
+    def policy(ctx, func, *args, **kwargs):
+        if func is aten._linalg_check_errors.default:
+            return CheckpointPolicy.MUST_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func is aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    ops = [aten.mm.default, aten._linalg_check_errors.default]
+    ours_make = functools.partial(ours.create_selective_checkpoint_contexts, policy, ops=ops)
+    assert not isinstance(ours_make()[0], TorchDispatchMode)
+    theirs = effect_calls(functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, policy))
+    assert theirs == 2
+    assert effect_calls(ours_make) == theirs
+
+
+def test_the_effectful_ops_are_recomputed_when_an_op_is_registered():
+    from aliasguard import _torch_sac_semantics as semantics
+
+    if not semantics.policies_overridden_for_effects():
+        assert semantics.ops_kept_for_effect() == frozenset()
+        return
+    from torch._higher_order_ops.effects import _EffectType
+
+    before = semantics.ops_kept_for_effect()
+    lib = torch.library.Library("aliasguard_fast_effects", "FRAGMENT")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        lib.impl("probe", lambda x: x.clone(), "CompositeExplicitAutograd")
+        lib._register_effectful_op("aliasguard_fast_effects::probe", _EffectType.ORDERED)
+        op = torch.ops.aliasguard_fast_effects.probe.default
+        assert op not in before
+        assert op in semantics.ops_kept_for_effect()
+    finally:
+        lib._destroy()
+    assert op not in semantics.ops_kept_for_effect()

@@ -1,9 +1,12 @@
 """A bounded sample of the differential harness (test/differential, docs/differential.md).
 
 The same scenarios run in a worker that never imports aliasguard and in one that
-does; every difference must be intended (test/differential/intended.py). Known
-bugs (expected.py) are ``xfail(strict=True)`` here, one test each, so a fix
-shows up as XPASS and the entry must go. The full run is ``make test-differential``.
+does; every difference must be intended (test/differential/intended.py), and every
+intended difference listed for a scenario that ran (intended_where.json) must show.
+Known bugs (expected.py) are ``xfail(strict=True)`` here, one test each, so a fix
+shows up as XPASS and the entry must go. Each configuration (configs.py) runs on a
+smaller sample, and each mutant (a feature switched off) must fail with its rules
+reported missing. The full run is ``make test-differential``.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TEST_DIR not in sys.path:
     sys.path.insert(0, TEST_DIR)
 
-from differential import compare, expected, intended, run  # noqa: E402
+from differential import compare, configs, expected, intended, run  # noqa: E402
 from differential.scenarios import FAMILIES  # noqa: E402
 
 SAMPLE = int(os.environ.get("ALIASGUARD_DIFF_SAMPLE", "60"))
+CONFIG_SAMPLE = int(os.environ.get("ALIASGUARD_DIFF_CONFIG_SAMPLE", "20"))  # per configuration, plus witnesses
+PER_RULE = 2  # witnesses: scenarios per intended rule where intended_where.json says it shows
 
 # Deliberate differences, made on the aliasguard side only (scenarios.Context.perturb).
 INJECT = {
@@ -52,12 +57,37 @@ def rows():
 
 
 @pytest.fixture(scope="module")
+def witnesses(rows):
+    """PER_RULE scenarios per intended rule where intended_where.json says it shows (quick families first)."""
+    w = run.witnesses(rows, per_rule=PER_RULE)
+    if not w:
+        pytest.skip(f"intended_where.json has no record for torch {rows[0]['release']}: run.py --update-where")
+    return w
+
+
+def _witness_ids(rows) -> list[str]:
+    return sorted({sid for v in run.witnesses(rows, per_rule=PER_RULE).values() for sid in v})
+
+
+@pytest.fixture(scope="module")
 def sample(rows):
     ids = run.select_ids(rows, None, SAMPLE)
     repro = [i for b in expected.EXPECTED_FAILURES + expected.FIXED for i in b.repro]
-    ids += [i for i in repro if i not in ids]
+    ids += [i for i in repro + _witness_ids(rows) if i not in ids]
     timeouts = {r["id"]: r["timeout"] for r in rows}
     return run.run(ids, timeouts, jobs=1)
+
+
+OTHER_CONFIGS = tuple(c for c in configs.CONFIG_NAMES if c != "default")
+
+
+@pytest.fixture(scope="module")
+def configured(rows):
+    """Every configuration but the default on a smaller sample plus the witnesses (stock runs once)."""
+    ids = run.select_ids(rows, None, CONFIG_SAMPLE)
+    ids += [i for i in _witness_ids(rows) if i not in ids]
+    timeouts = {r["id"]: r["timeout"] for r in rows}
+    return run.run(ids, timeouts, jobs=1, config_names=OTHER_CONFIGS)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +126,49 @@ def test_no_unexpected_difference(sample, family):
     res = sample["results"]
     ids = [i for i in res if i.startswith(family + "/")]
     assert ids, f"the sample has no {family} scenario"
-    bad = [i for i in ids if res[i]["status"] == "unexpected"]
-    assert not bad, f"{len(bad)} scenarios differ unexpectedly:\n" + _show(res, bad)
+    bad = [i for i in ids if res[i]["status"] in ("unexpected", "missing")]
+    assert not bad, f"{len(bad)} scenarios differ unexpectedly or miss an intended difference:\n" + _show(
+        res, bad) + "\n" + str({i: res[i]["missing"] for i in bad if res[i]["missing"]})
+
+
+def test_every_listed_intended_difference_shows(sample, witnesses):
+    # the two-sided half: a rule intended_where.json lists for a scenario that ran must show there
+    res = sample["results"]
+    assert "checked against" in sample["where"], sample["where"]
+    missing = {sid: r["missing"] for sid, r in res.items() if r["missing"]}
+    assert not missing, missing
+    shown = {d["rule"] for r in res.values() for d in r["diffs"] if d["tag"] == "intended"}
+    assert shown >= set(witnesses) - {r for r, ids in witnesses.items() if not ids}
+
+
+@pytest.mark.parametrize("config", OTHER_CONFIGS)
+def test_configuration_differs_by_its_own_rules_only(configured, witnesses, config):
+    # the rules of the switched-off features are absent, every other rule listed shows, nothing else differs
+    res = configured["by_config"][config]
+    off = configs.CONFIGS[config].off
+    bad = [i for i, r in res.items() if r["status"] in ("unexpected", "missing")]
+    assert not bad, f"{len(bad)} scenarios fail in {config}:\n" + _show(res, bad) + "\n" + str(
+        {i: res[i]["missing"] for i in bad if res[i]["missing"]})
+    shown = {d["rule"] for r in res.values() for d in r["diffs"] if d["tag"] == "intended"}
+    assert not {r for r in shown if intended.RULES[r].needs & off}
+    kept = {r for r, ids in witnesses.items() if ids and not intended.RULES[r].needs & off}
+    assert shown == kept, (shown, kept)
+
+
+@pytest.mark.parametrize("mutant", list(configs.MUTANTS))
+def test_mutant_fails_with_its_rules_missing(rows, witnesses, mutant):
+    # The other half: with one feature switched off in the aliasguard worker (ALIASGUARD_DIFF_MUTANT) the
+    # run fails, and by "intended difference missing" for the rules of that feature, in scenarios where
+    # nothing raised on one side only: the harness notices the fix gone, not an error it causes.
+    out, ok, lines = run.run_mutant(mutant, rows, per_rule=PER_RULE)
+    assert ok, "\n".join(lines)
+    res = out["results"]
+    assert any(r["status"] in ("missing", "unexpected") for r in res.values())
+    off = configs.MUTANTS[mutant]
+    reported = {m for r in res.values() for m in r["missing"]}
+    assert reported and all(intended.RULES[m].needs & off for m in reported), reported
+    # the scenarios are the sample's witnesses: the sample above would have failed the same way
+    assert set(res) <= set(_witness_ids(rows))
 
 
 def test_known_bug_repros_show_their_bug_and_nothing_unexpected(sample):
@@ -174,3 +245,33 @@ def test_intended_rules_match_only_their_difference():
     v = compare.classify("opdb/pass/sin/0", stock, _saving_record(3, 3))
     assert v["status"] == "unexpected", v
     assert {r.id for r in intended.INTENDED} >= {"saved-view-is-view"}
+
+
+def test_a_listed_rule_that_does_not_show_is_missing():
+    stock = _saving_record(0, 3)
+    stock["saved"]["saved1"].update(is_view=False, base=None)
+    shows = _saving_record(3, 3)
+    # listed and shown: intended
+    v = compare.classify("opdb/saving/sin/0", stock, shows, expected_rules={"saved-view-is-view"})
+    assert v["status"] == "intended" and v["missing"] == [], v
+    # listed, and the aliasguard side came back as stock: the fix is gone
+    v = compare.classify("opdb/saving/sin/0", stock, stock, expected_rules={"saved-view-is-view"})
+    assert v["status"] == "missing" and v["missing"] == ["saved-view-is-view"], v
+    # shown but not listed for this scenario: unexpected
+    v = compare.classify("opdb/saving/sin/0", stock, shows, expected_rules=set())
+    assert v["status"] == "unexpected" and v["diffs"][0].get("unlisted"), v
+    # a configuration that switches the rule's feature off: neither expected nor explained
+    v = compare.classify("opdb/saving/sin/0", stock, shows, off=configs.CONFIGS["tracking-off"].off,
+                         expected_rules=set())
+    assert v["status"] == "unexpected" and not v["diffs"][0].get("unlisted"), v
+
+
+def test_every_rule_names_known_features_and_every_configuration_its_switch():
+    for r in intended.INTENDED:
+        # a rule needs features, or shows only once one is off (unmasked_by)
+        assert (r.needs or r.unmasked_by) and (r.needs | r.unmasked_by) <= set(configs.FEATURES), r.id
+    assert configs.CONFIGS["default"].off == frozenset()
+    assert {f for c in configs.CONFIGS.values() for f in c.off} <= set(configs.FEATURES)
+    assert set(configs.MUTANTS) == set(configs.FEATURES)
+    # every feature takes at least one rule with it, so each mutant has something to miss
+    assert all(any(f in r.needs for r in intended.INTENDED) for f in configs.FEATURES)

@@ -141,7 +141,8 @@ def test_package_metadata() -> None:
     # A range, not a pin: the user's torch stays, and the torch under test is in it.
     assert not any(s.operator in ("==", "===") for s in torch_req.specifier), torch_req
     assert torch_req.specifier.contains(torch.__version__.split("+")[0]), (torch_req, torch.__version__)
-    assert torch_req.specifier.contains("2.13.0") and torch_req.specifier.contains("2.14.1")
+    assert all(torch_req.specifier.contains(v) for v in ("2.13.0", "2.14.1", "2.15.0"))  # README: Install
+    assert not torch_req.specifier.contains("2.16.0")
     assert meta["requires-python"] == ">=3.10"
     assert meta["license"] == "BSD-3-Clause"
     assert (REPO_ROOT / "LICENSE").read_text().startswith("BSD 3-Clause License")

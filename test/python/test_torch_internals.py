@@ -42,6 +42,13 @@ BROKEN = {
     "torch._higher_order_ops.effects.has_effects": (
         "import torch._higher_order_ops.effects as e; e.has_effects = lambda op: False"
     ),
+    # Absent before torch 2.15: a replacement that forgets every effectful op must still fail the import.
+    "torch.utils.checkpoint._is_cacheable_effect": (
+        "import torch.utils.checkpoint as c; c._is_cacheable_effect = lambda op: False"
+    ),
+    "torch._library.simple_registry.singleton._data / torch._C._jit_get_all_schemas": (
+        "torch._C._jit_get_all_schemas = None"
+    ),
     "torch._C._disabled_torch_dispatch_impl": "torch._C._disabled_torch_dispatch_impl = lambda *a: None",
     "torch.utils.checkpoint.SAC_IGNORED_OPS": "import torch.utils.checkpoint as c; c.SAC_IGNORED_OPS = set()",
     "torch._C._is_alias_of": "torch._C._is_alias_of = lambda a, b: True",

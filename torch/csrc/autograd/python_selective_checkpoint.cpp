@@ -34,6 +34,7 @@
 #include <torch/csrc/utils/python_op_arguments.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 #include <torch/csrc/utils/python_tracked_dispatch.h>
+#include <torch/csrc/utils/running_bodies.h>
 #include <torch/csrc/utils/schema_alias_analysis.h>
 
 #include <frameobject.h>
@@ -274,9 +275,15 @@ py::object run_op(
     const OpInfo& info,
     PyObject* args,
     PyObject* kwargs) {
+  // Admitted as a wrapped body is; see Note [Installing and uninstalling
+  // while bodies run].
   const bool correct =
       info.traits.has_annotated_returns && utils::correction_applies(mode);
-  if (!correct) {
+  std::optional<utils::RunningBody> running;
+  if (correct) {
+    running.emplace();
+  }
+  if (!correct || !running->admitted()) {
     PyObject* out = PyObject_Call(
         info.call.ptr(), args, kwargs == Py_None ? nullptr : kwargs);
     if (out == nullptr) {

@@ -141,11 +141,31 @@ void fast_path_kernel(
 // Note [Fast path registrations are kept]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // One torch::Library per op, made on the first region that saves it and
-// kept: outside a region the kernel costs a thread-local read, while
-// registering per region would update the op's dispatch table twice per
-// checkpoint call, under the dispatcher's lock. Releasing destroys the
-// libraries, which takes the kernels out of the dispatch tables (the key
-// falls through again, as in stock torch). The owner is a function-local
+// kept for the life of the process, aliasguard.uninstall() included:
+//
+//   * Cost: outside a region the kernel costs a thread-local read, while
+//     registering per region would update the op's dispatch table twice per
+//     checkpoint call, under the dispatcher's lock.
+//   * Outside a region, on any thread, the kernel is an exact pass-through:
+//     it redispatches with the same key set minus ADInplaceOrView and
+//     everything above it, which is the kernel the fallthrough it replaces
+//     would have reached (the dispatcher drops a fallthrough key from the set
+//     before the lookup), with the same arguments; only the boxing differs.
+//     So after uninstall() the op computes, aliases and counts as in stock.
+//   * Taking it out is not safe while another thread may dispatch the op,
+//     and for these ops that is any thread: the autograd kernel of mm
+//     redispatches to ADInplaceOrView for every call. Deregistering writes
+//     the op's table entry (now the fallthrough kernel) before it clears the
+//     key's "not a fallthrough" bit (OperatorEntry::updateDispatchTableEntry_),
+//     and a call whose key set was computed before the bit was cleared then
+//     runs c10's fallthrough_kernel, which fails ("0 INTERNAL ASSERT FAILED
+//     at KernelFunction.cpp:14") on an unrelated thread. No count of
+//     aliasguard's own bodies can rule that out; keeping the kernel can.
+//
+// So release_fast_path_kernels() is for a process that knows no other
+// thread dispatches (tests), and uninstall() does not call it. Registering
+// is safe meanwhile: the entry is written before the bit is set, so a call
+// either skips the key or finds the kernel. The owner is a function-local
 // static made when the library loads, so it is destroyed before the
 // dispatcher, like a TORCH_LIBRARY_IMPL block's library would be.
 struct Registrations {

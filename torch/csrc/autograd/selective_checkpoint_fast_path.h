@@ -112,7 +112,9 @@ ALIASGUARD_API std::string fast_path_skip_reason(const c10::OperatorHandle& op);
 // thread-safe). Requires fast_path_skip_reason(op) to be empty.
 ALIASGUARD_API void register_fast_path_kernel(const c10::OperatorHandle& op);
 // Releases every registration; ops dispatch as in stock torch again.
-// Refused (returns false) while a region is open on this thread.
+// Refused (returns false) while a region is open on this thread. Only safe
+// while no other thread dispatches those ops: see Note [Fast path
+// registrations are kept] (aliasguard.uninstall() keeps them).
 ALIASGUARD_API bool release_fast_path_kernels();
 ALIASGUARD_API size_t num_fast_path_kernels();
 

@@ -1,7 +1,7 @@
 #include <torch/csrc/autograd/track_views.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/utils/schema_alias_analysis.h>
+#include <torch/csrc/autograd/tracked_body_calls.h>
 #include <torch/csrc/utils/torch_internals.h>
 #include <torch/library.h>
 
@@ -78,6 +78,29 @@ void run_kernel_untracked(
       stack);
 }
 
+// The key's fallback: the ops without a kernel of their own at the key, the
+// opaque ones the kernels were registered for and any op defined after that
+// (Note [Ops registered after the tracked views' kernels]).
+void run_body_call(
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet dispatch_keys,
+    torch::jit::Stack* stack) {
+  switch (LateOps::body_call(op).value_or(BodyCall::kKernel)) {
+    case BodyCall::kView:
+      remember_view_returns(op, dispatch_keys, stack);
+      return;
+    case BodyCall::kThrough:
+      op.redispatchBoxed(
+          dispatch_keys &
+              c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kMarkerKey),
+          stack);
+      return;
+    case BodyCall::kKernel:
+      run_kernel_untracked(op, dispatch_keys, stack);
+      return;
+  }
+}
+
 struct MarkerKernels {
   std::mutex mutex;
   std::atomic<bool> registered{false};
@@ -92,24 +115,6 @@ MarkerKernels& marker_kernels() {
 }
 [[maybe_unused]] const MarkerKernels& kernels_at_load = marker_kernels();
 
-enum class BodyCall : uint8_t {
-  kView, // an ADInplaceOrView kernel makes views: remember them
-  kThrough, // its own ADInplaceOrView kernel, or a composite: as called
-  kKernel, // an opaque kernel: run it untracked (the fallback)
-};
-
-BodyCall body_call_of(const c10::OperatorHandle& op) {
-  if (op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
-    return utils::schema_alias_analysis(op)->has_view_returns()
-        ? BodyCall::kView
-        : BodyCall::kThrough;
-  }
-  if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
-    return BodyCall::kThrough;
-  }
-  return BodyCall::kKernel;
-}
-
 void register_marker_kernels() {
   MarkerKernels& kernels = marker_kernels();
   if (kernels.registered.load(std::memory_order_acquire)) {
@@ -119,10 +124,12 @@ void register_marker_kernels() {
   if (kernels.registered.load(std::memory_order_relaxed)) {
     return;
   }
+  // Before listing the ops: an op defined in between is then recorded too.
+  LateOps::start();
   kernels.fallback = std::make_unique<torch::Library>(
       torch::Library::IMPL, "_", kMarkerKey, __FILE__, __LINE__);
   kernels.fallback->fallback(
-      torch::CppFunction::makeFromBoxedFunction<&run_kernel_untracked>());
+      torch::CppFunction::makeFromBoxedFunction<&run_body_call>());
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     const auto op = dispatcher.findOp(name);
@@ -230,6 +237,7 @@ void release_tracked_view_kernels() {
   const std::lock_guard<std::mutex> lock(kernels.mutex);
   kernels.by_namespace.clear();
   kernels.fallback.reset();
+  LateOps::stop();
   kernels.registered.store(false, std::memory_order_release);
 }
 

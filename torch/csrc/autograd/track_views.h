@@ -57,11 +57,16 @@ namespace aliasguard::autograd {
 // A tracked scope re-enables the key for the ops the body calls, and must not
 // for the ops their kernels call: the same borrowed key's fallback runs every
 // op whose kernel is opaque (no ADInplaceOrView kernel of its own, no
-// CompositeImplicitAutograd decomposition) with ADInplaceOrView and the key
-// excluded, as the autograd kernel would. View and in-place ops exclude it
-// below themselves in their own ADInplaceOrView kernels; composites pass the
-// key by (their decomposition is the body's code). A fresh output thus ends
-// with the version stock gives it.
+// CompositeImplicitAutograd decomposition, an autograd kernel of its own)
+// with ADInplaceOrView and the key excluded, as the autograd kernel would.
+// View and in-place ops exclude it below themselves in their own
+// ADInplaceOrView kernels; composites pass the key by (their decomposition is
+// the body's code), and so do ops under torch's autograd fallback, which
+// leaves the key on at top level too. A fresh output thus ends with the
+// version top level gives it. The rule per op, and ops defined after the
+// kernels were registered: Note [What a tracked body's call runs as] and
+// Note [Ops registered after the tracked views' kernels] in
+// tracked_body_calls.h.
 
 // Re-enables ADInplaceOrView for the calling thread and returns whether it was
 // excluded before; hand that value to restore_view_tracking. Scopes nest and
@@ -89,8 +94,10 @@ class TrackViewsGuard {
 };
 
 // The marking kernels of Note [Views made below autograd build their grad_fn
-// from their base] are registered on the first tracked scope; these take
-// them back and tell whether they are there (for uninstalling, and tests).
+// from their base] are registered on the first tracked scope, with the
+// listener that records the ops defined later; these take them back (the
+// listener too) and tell whether they are there (for uninstalling, and
+// tests).
 // Releasing while a tracked scope is open on any thread is the caller's bug.
 ALIASGUARD_API void release_tracked_view_kernels();
 ALIASGUARD_API bool has_tracked_view_kernels();

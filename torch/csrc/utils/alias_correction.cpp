@@ -110,6 +110,25 @@ namespace aliasguard::utils {
 // its input's storage (and counter) would make a later view of its inner
 // data look like a copy of it.
 
+// Note [A wrapper view made under an untracked body]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A body that runs untracked below autograd (view tracking off, for the
+// process or its class) calls its ops with ADInplaceOrView excluded, so a
+// wrapper's __torch_dispatch__ reached from there (a wrapper of wrappers; a
+// mode over a wrapper) has no kernel above it to mark its view returns.
+// Given its input's storage, such an output would be a wrapper that shares a
+// storage without being a view, which stock never builds and torch's
+// fakeification cannot rebuild: meta_utils set_()s the real wrapper class
+// onto the meta storage it made for the other tensor, and dynamo fails
+// ("Attempted to set the storage of a tensor on device cpu to a storage on
+// different device meta") after a graph break in such a body (the
+// differential harness's wrapper under torch.compile, tracking off). So it
+// keeps its own placeholder, as in stock, and gets the counter; when the
+// enclosing body returns it as its own view return, the enclosing
+// correction, which a kernel does follow, gives it the storage. With
+// tracking on the enclosing body re-enables the key, the kernel runs and
+// marks the nested output, and this does not arise.
+
 // Note [What a write return may be]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Stock PyTorch ignores what an in-place handler returns: the autograd kernel
@@ -261,7 +280,7 @@ std::optional<ViewFix> plan_view_output(
           "storage of " +
               site.argument_name());
       alias_storage = true;
-    } else {
+    } else if (!options.under_untracked_body) {
       // See Note [What correction refuses]
       alias_storage = !autograd::storage_alias_problem(
                            output, input, {"output", "input", "storage"})

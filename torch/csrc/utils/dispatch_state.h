@@ -26,6 +26,10 @@ struct DispatchBody {
   const void* op = nullptr; // identity of the op answered; nullptr: none
   bool outer_kernel_marks_views = false;
   bool tracked = false;
+  // ADInplaceOrView was excluded on entry and the body runs untracked: the
+  // ops it calls reach no ADInplaceOrView kernel, so nothing marks their view
+  // returns (Note [A wrapper view made under an untracked body]).
+  bool untracked_below = false;
 };
 
 ALIASGUARD_API const DispatchBody& current_dispatch_body();

@@ -25,7 +25,7 @@ OpCorrectionInfo op_correction_info(const c10::OperatorHandle& op) {
   if (info.has_inplace_or_view_kernel) {
     info.write_counting = WriteCounting::kOuterKernelBumps;
   } else if (returns.empty()) {
-    info.write_counting = WriteCounting::kBumpUnmoved;
+    info.write_counting = WriteCounting::kOnePerWrite;
   }
   return info;
 }

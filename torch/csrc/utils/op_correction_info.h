@@ -24,9 +24,9 @@ enum class WriteCounting : uint8_t {
   // The op has an ADInplaceOrView kernel, which bumps each written argument
   // after the body returns: the body's own bump is taken back.
   kOuterKernelBumps,
-  // No such kernel and no returns (the _foreach_*_ family): a written
-  // argument whose counter did not move is bumped once.
-  kBumpUnmoved,
+  // No such kernel and no returns (the _foreach_*_ family): each counter is
+  // brought up to one bump per written argument that uses it.
+  kOnePerWrite,
   // No such kernel, but returns (batch norm's running statistics): counted
   // as the body counted, as at top level.
   kAsCounted,

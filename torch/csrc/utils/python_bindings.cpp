@@ -3,6 +3,7 @@
 
 #include <c10/core/VersionCounterUtils.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/mark_as_view.h>
 #include <torch/csrc/autograd/python_selective_checkpoint.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -13,9 +14,11 @@
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_corrected_dispatch.h>
 #include <torch/csrc/utils/python_explicit_correction.h>
+#include <torch/csrc/utils/python_running_bodies.h>
 #include <torch/csrc/utils/python_schema_alias_analysis.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 #include <torch/csrc/utils/python_tracked_dispatch.h>
+#include <torch/csrc/utils/running_bodies.h>
 #include <torch/csrc/utils/torch_internals.h>
 
 #include <memory>
@@ -166,10 +169,27 @@ PYBIND11_MODULE(_C, m) {
       py::arg("a"),
       py::arg("b"));
 
-  m.def("_enable_view_tracking", &autograd::enable_view_tracking);
+  // track_views(): an explicit scope, one body from enable to restore (see
+  // Note [Installing and uninstalling while bodies run]).
+  m.def("_enable_view_tracking", [] {
+    if (!utils::enter_explicit_body()) {
+      throw python_error();
+    }
+    try {
+      return autograd::enable_view_tracking();
+    } catch (...) {
+      utils::exit_body();
+      throw;
+    }
+  });
   m.def(
       "_restore_view_tracking",
-      &autograd::restore_view_tracking,
+      [](bool was_excluded) {
+        autograd::restore_view_tracking(was_excluded);
+        if (utils::body_running_on_this_thread()) {
+          utils::exit_body();
+        }
+      },
       py::arg("was_excluded"));
   m.def("_is_view_tracking_enabled", &autograd::is_view_tracking_enabled);
   m.def("_has_tracked_view_kernels", &autograd::has_tracked_view_kernels);
@@ -197,6 +217,7 @@ PYBIND11_MODULE(_C, m) {
   utils::init_explicit_correction_bindings(m);
   utils::init_corrected_dispatch(m);
   utils::init_tracked_dispatch(m);
+  utils::init_running_bodies_bindings(m);
   utils::init_schema_alias_analysis_bindings(m);
   autograd::init_selective_checkpoint_bindings(m);
 }

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/python_alias_correction.h>
 #include <torch/csrc/utils/python_aliasing_error.h>
 #include <torch/csrc/utils/python_tracked_dispatch.h>
+#include <torch/csrc/utils/running_bodies.h>
 
 #include <structmember.h>
 
@@ -54,6 +55,12 @@ PyObject* corrected_dispatch_call(
   const bool correct = func != nullptr && correction_applies(owner);
   if (func == nullptr || (!correct && !audit)) {
     return PyObject_Vectorcall(self->fn, argv, nargsf, kwnames); // stock
+  }
+  // See Note [Installing and uninstalling while bodies run]: not admitted
+  // while uninstall() runs, after which the body runs as stock anyway.
+  const RunningBody running;
+  if (!running.admitted()) {
+    return PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
   }
   PyObject* args = read.args != nullptr ? read.args : empty_tuple;
   PyObject* kwargs = read.kwargs != nullptr ? read.kwargs : Py_None;

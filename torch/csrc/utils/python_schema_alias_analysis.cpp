@@ -108,6 +108,7 @@ void init_schema_alias_analysis_bindings(py::module& m) {
       py::arg("name"),
       py::arg("overload") = "");
   m.def("_op_alias_info", &op_alias_info, py::arg("op"));
+  m.def("_operator_registrations", &operator_registrations);
 }
 
 } // namespace aliasguard::utils

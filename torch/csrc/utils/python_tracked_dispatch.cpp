@@ -5,7 +5,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/track_views.h>
 #include <torch/csrc/utils/python_alias_correction.h>
+#include <torch/csrc/utils/python_running_bodies.h>
 #include <torch/csrc/utils/python_torch_internals.h>
+#include <torch/csrc/utils/running_bodies.h>
 
 #include <atomic>
 
@@ -22,6 +24,16 @@ namespace {
 // "__aliasguard_track_views__", interned.
 PyObject* tracking_opt_out_attribute = nullptr;
 std::atomic<bool> automatic_tracking{true};
+// Test-only (the differential harness's `version` mutant): false skips
+// settle(), i.e. Note [One bump per write through __torch_dispatch__], so
+// that the harness can show it notices the rule missing. Not public API.
+std::atomic<bool> settle_written_versions{true};
+
+void settle(TrackedDispatchBody& body) {
+  if (settle_written_versions.load(std::memory_order_relaxed)) {
+    body.settle();
+  }
+}
 
 void remember(PyObject* value, TrackedDispatchBody& body) {
   if (internals::is_tensor_object(value)) {
@@ -69,8 +81,18 @@ PyObject* call_tracked(
         PyExc_TypeError, "_call_tracked(op, *args, **kwargs): op is missing");
     return nullptr;
   }
-  const autograd::TrackViewsGuard tracked;
-  return PyObject_Vectorcall(argv[0], argv + 1, nargs - 1, kwnames);
+  // An explicit scope: see Note [Installing and uninstalling while bodies
+  // run].
+  if (!enter_explicit_body()) {
+    return nullptr;
+  }
+  PyObject* out = nullptr;
+  {
+    const autograd::TrackViewsGuard tracked;
+    out = PyObject_Vectorcall(argv[0], argv + 1, nargs - 1, kwnames);
+  }
+  exit_body();
+  return out;
 }
 
 PyMethodDef tracked_methods[] = {
@@ -112,7 +134,7 @@ PyObject* TrackedDispatchCall::call(
     out = PyObject_Vectorcall(fn, argv, nargsf, kwnames);
   }
   if (out != nullptr) {
-    body_.settle();
+    settle(body_);
   }
   return out;
 }
@@ -127,7 +149,7 @@ PyObject* TrackedDispatchCall::call_with(
     out = PyObject_Call(fn, args, kwargs == Py_None ? nullptr : kwargs);
   }
   if (out != nullptr) {
-    body_.settle();
+    settle(body_);
   }
   return out;
 }
@@ -151,6 +173,10 @@ void init_tracked_dispatch(py::module& m) {
   m.def("_is_automatic_view_tracking_enabled", [] {
     return automatic_tracking.load();
   });
+  m.def(
+      "_test_set_version_settling",
+      [](bool enabled) { return settle_written_versions.exchange(enabled); },
+      py::arg("enabled"));
 }
 
 } // namespace aliasguard::utils

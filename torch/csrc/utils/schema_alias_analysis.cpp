@@ -174,9 +174,16 @@ class AnalysisCache final : public c10::OpRegistrationListener {
     return generation_.load(std::memory_order_acquire);
   }
 
-  void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
+  uint64_t registrations() const {
+    return registrations_.load(std::memory_order_acquire);
+  }
+
+  void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {
+    registrations_.fetch_add(1, std::memory_order_acq_rel);
+  }
 
   void onOperatorDeregistered(const c10::OperatorHandle& op) override {
+    registrations_.fetch_add(1, std::memory_order_acq_rel);
     std::unique_lock<std::shared_mutex> lock(mutex_);
     if (entries_.erase(op.operator_name()) != 0) {
       generation_.fetch_add(1, std::memory_order_acq_rel);
@@ -190,6 +197,9 @@ class AnalysisCache final : public c10::OpRegistrationListener {
       std::shared_ptr<const SchemaAliasAnalysis>>
       entries_;
   std::atomic<uint64_t> generation_{0};
+  // Every schema registered or deregistered, the ones that existed when the
+  // listener was added included (the dispatcher replays them to it).
+  std::atomic<uint64_t> registrations_{0};
 };
 
 AnalysisCache& analysis_cache() {
@@ -277,6 +287,10 @@ std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
     return nullptr;
   }
   return schema_alias_analysis(*op);
+}
+
+uint64_t operator_registrations() {
+  return analysis_cache().registrations();
 }
 
 uint64_t schema_alias_analysis_generation() {

@@ -152,4 +152,9 @@ ALIASGUARD_API std::shared_ptr<const SchemaAliasAnalysis> schema_alias_analysis(
 // Python bindings key by OpOverload object) flush when it changes.
 ALIASGUARD_API uint64_t schema_alias_analysis_generation();
 
+// Changes whenever an operator schema is registered or deregistered: what a
+// cache of a question about every registered operator (which ops have an
+// effect SAC keeps, say) is keyed by.
+ALIASGUARD_API uint64_t operator_registrations();
+
 } // namespace aliasguard::utils

@@ -49,20 +49,27 @@ namespace aliasguard::utils {
 // instead would mean excluding ADInplaceOrView for exactly the body's call of
 // the same op on the same arguments, which the wrapper cannot single out (the
 // body may unwrap, redispatch or write through a view).
+// Only a tracked body takes a bump back: the body of a class that opted out
+// of tracking runs below ADInplaceOrView, so its own call of the op bumped
+// nothing, and a tracked body nested in it (an inner mode) already took back
+// the bump of its own call. Taking one more back there would let a version
+// recorded between two writes of the inner body match again.
 // Ops without such a kernel that return nothing but write arguments (the
 // _foreach_*_ family) are counted at top level by the in-place ops their
-// backend kernel runs, which a body below ADInplaceOrView never reaches for a
-// wrapper argument (its inner tensors are written instead) and stock never
-// counts there at all: for those, a written argument whose counter did not
-// move is bumped once, so a mode and a wrapper count what top level counts.
-// An op without such a kernel that writes an argument beside its returns
-// (batch norm's running statistics) is left as the body counted it: top level
-// counts nothing for it either. Only the counters of written arguments are
-// touched: a write the body made to anything else is real and stays counted.
-// When the body raises nothing is settled: no outer bump follows, and a
-// write made before the exception must stay visible. Counters move only
-// through VariableVersion's public bump and set_version (the setter behind
-// torch's _unsafe_set_version_counter), in aliasguard::WrittenVersions.
+// backend kernel runs, once per list element (a tensor listed twice, or two
+// views of one base, count twice), which a body below ADInplaceOrView never
+// reaches for a wrapper argument (its inner tensors are written instead) and
+// stock never counts there at all: for those, each written counter is brought
+// up to one bump per written argument that uses it, unless the body counted as
+// much, so a mode and a wrapper count what top level counts. An op without such
+// a kernel that writes an argument beside its returns (batch norm's running
+// statistics) is left as the body counted it: top level counts nothing for it
+// either. Only the counters of written arguments are touched: a write the body
+// made to anything else is real and stays counted. When the body raises nothing
+// is settled: no outer bump follows, and a write made before the exception must
+// stay visible. Counters move only through VariableVersion's public bump and
+// set_version (the setter behind torch's _unsafe_set_version_counter), in
+// aliasguard::WrittenVersions.
 
 TrackedDispatchBody::TrackedDispatchBody(
     const void* op,
@@ -79,7 +86,12 @@ TrackedDispatchBody::TrackedDispatchBody(
       internals::is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) &&
       !c10::InferenceMode::is_enabled();
   body_.tracked = below && tracking_allowed;
+  body_.untracked_below = below && !body_.tracked;
   options_.tracked = body_.tracked;
+  // Read before the Scope makes this body the current one: the enclosing
+  // body. See Note [A wrapper view made under an untracked body].
+  options_.under_untracked_body =
+      below && current_dispatch_body().untracked_below;
   if (info == nullptr) {
     return;
   }
@@ -97,9 +109,15 @@ void TrackedDispatchBody::settle() {
     return;
   }
   if (write_counting_ == WriteCounting::kOuterKernelBumps) {
-    written_.undo_one_bump();
-  } else if (write_counting_ == WriteCounting::kBumpUnmoved) {
-    written_.bump_unmoved();
+    // Only a tracked body's own call of the op reached the op's
+    // ADInplaceOrView kernel and bumped; an untracked one (a class that
+    // opted out) bumped nothing of its own, and whatever moved the counters
+    // (a tracked body nested in it) has settled its own count already.
+    if (body_.tracked) {
+      written_.undo_one_bump();
+    }
+  } else if (write_counting_ == WriteCounting::kOnePerWrite) {
+    written_.bump_to_one_per_write();
   }
 }
 

@@ -45,6 +45,19 @@ at::Tensor detach_keep_version_counter(const at::Tensor& self) {
 // The libraries are kept in a function-local static made when the library
 // loads, so they are destroyed before the dispatcher singleton, as a
 // TORCH_LIBRARY_IMPL block's would be.
+//
+// Other threads may be running aten::detach meanwhile (any thread may, at
+// any time), and unlike the kernels of Note [Installing and uninstalling
+// while bodies run] this one cannot wait for them. Swapping it is safe in
+// practice where removing a fast-path kernel is not (Note [Fast path
+// registrations are kept]): both kernels here are real kernels, so the
+// key's "not a fallthrough" bit never changes and every call still finds a
+// kernel for the key; the dispatcher rewrites the table entry while a call
+// may be reading it, the same unsynchronised write stock torch makes
+// whenever a library registers or deregisters a kernel at run time
+// (torch.library, a Library going away), and either kernel, or a mix of the
+// two entries' fields, runs a detach: both are stateless wrappers of a
+// plain function that never read their functor object.
 namespace {
 
 struct DetachRegistrations {
