@@ -371,8 +371,12 @@ def effect_candidate_ops() -> List[Any]:
         packet = _op_packet(namespace, name)
         overloads = [overload] if overload else (packet.overloads() if packet is not None else [])
         names.update((f"{namespace}::{name}", "" if o == "default" else o) for o in overloads)
+    # JIT-only operators (cuda::set_stream) have schemas but no dispatcher entry.
+    registered = set(torch._C._dispatch_get_all_op_names())
     ops = []
     for qualified, overload in sorted(names):
+        if (f"{qualified}.{overload}" if overload else qualified) not in registered:
+            continue
         namespace, _, name = qualified.partition("::")
         packet = _op_packet(namespace, name)
         op = getattr(packet, overload or "default", None) if packet is not None else None

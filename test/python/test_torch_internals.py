@@ -209,3 +209,15 @@ def test_the_audit_reporter_sees_a_functorch_transform():
     torch.func.grad(f)(torch.randn(3))
     torch.vmap(lambda t: (seen.append(aliasguard._aliasing._infrastructure_active()), t * 2)[1])(torch.randn(2, 3))
     assert seen == [True, True]
+
+
+def test_effect_candidates_are_dispatcher_ops_and_include_aten_effects():
+    # The fast path registers kernels for what torch keeps of these (Note
+    # [Effectful ops on the fast path]): an operator the JIT knows but the
+    # dispatcher does not (cuda::set_stream) must not be among them.
+    ops = _torch_internals.effect_candidate_ops()
+    registered = set(torch._C._dispatch_get_all_op_names())
+    assert torch.ops.aten._linalg_check_errors.default in ops
+    for op in ops:
+        schema = op._schema
+        assert (f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name) in registered, op
