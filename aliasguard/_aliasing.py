@@ -34,7 +34,7 @@ import threading
 from typing import Any, Callable, Iterator, List, Optional, TypeVar, cast
 
 from aliasguard import _C, _install
-from aliasguard._arguments import require_bool, type_name
+from aliasguard._arguments import SingleUseScope, require_bool, type_name
 from aliasguard._install import install_on as _install_on  # noqa: F401  (tests use this name)
 from aliasguard._report import AuditReport, user_location
 from aliasguard._torch_internals import (
@@ -232,8 +232,6 @@ def audit(report: Optional[AuditReport] = None, *, kernels: bool = False) -> "_A
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_NEW, _OPEN, _ENDED = "new", "open", "ended"
-
 
 class _Audit:
     """One :func:`audit` scope: a context manager used once, or a decorator.
@@ -243,23 +241,16 @@ class _Audit:
     ``__enter__``, is a ``RuntimeError`` naming the fix, and changes nothing.
     """
 
-    __slots__ = ("_report", "_kernels", "_state", "_scope", "_thread")
+    __slots__ = ("_report", "_kernels", "_uses", "_scope")
 
     def __init__(self, report: Optional[AuditReport], kernels: bool) -> None:
         self._report = report
         self._kernels = kernels
-        self._state = _NEW
+        self._uses = SingleUseScope("audit", "an")
         self._scope: Optional[_Scope] = None
-        self._thread = 0
 
     def __enter__(self) -> Optional[AuditReport]:
-        if self._state != _NEW:
-            where = "is open" if self._state == _OPEN else "has ended"
-            raise RuntimeError(
-                f"aliasguard.audit(): this audit() object was entered before (it {where}); an audit() "
-                "object is used once: create a new aliasguard.audit() for each with-block (or use "
-                "@aliasguard.audit() as a decorator, which opens a new scope per call)"
-            )
+        self._uses.check_enter()
         report, kernels = self._report, self._kernels
         scope = _Scope(report)
         # Checked and entered under the install lock, so that an uninstall()
@@ -275,25 +266,16 @@ class _Audit:
         if report is not None:
             with _open_reports_lock:
                 _open_reports.append(scope)
-        self._scope, self._state, self._thread = scope, _OPEN, threading.get_ident()
+        self._scope = scope
+        self._uses.entered()
         return report
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        if self._state != _OPEN:
-            what = "was never entered" if self._state == _NEW else "has ended already"
-            raise RuntimeError(
-                f"aliasguard.audit(): __exit__ called on an audit() scope that {what}; use "
-                "`with aliasguard.audit():` (or @aliasguard.audit() as a decorator), which enters "
-                "and exits each scope once"
-            )
-        if self._thread != threading.get_ident():
-            raise RuntimeError(
-                "aliasguard.audit(): __exit__ called on another thread than the one that entered the "
-                "scope; end each audit() scope on the thread that entered it"
-            )
+        self._uses.check_exit()
         scope, kernels = self._scope, self._kernels
         assert scope is not None
-        self._state, self._scope = _ENDED, None
+        self._uses.ended()
+        self._scope = None
         _remove(_scopes.stack, scope)
         if scope.report is not None:
             with _open_reports_lock:

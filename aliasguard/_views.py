@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Callable, Literal, Optional, TypeVar, cast
 
 import torch
 
 from aliasguard import _C
+from aliasguard._arguments import SingleUseScope
 
 CreationMetaName = Literal[
     "DEFAULT", "IN_CUSTOM_FUNCTION", "MULTI_OUTPUT_NODE", "NO_GRAD_MODE", "INFERENCE_MODE"
@@ -109,44 +109,25 @@ def track_views() -> "_TrackViews":
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_NEW, _OPEN, _ENDED = "new", "open", "ended"
 
 
 class _TrackViews:
     """One :func:`track_views` scope: a context manager used once, or a decorator."""
 
-    __slots__ = ("_state", "_was_excluded", "_thread")
+    __slots__ = ("_uses", "_was_excluded")
 
     def __init__(self) -> None:
-        self._state = _NEW
+        self._uses = SingleUseScope("track_views", "a")
         self._was_excluded = False
-        self._thread = 0
 
     def __enter__(self) -> None:
-        if self._state != _NEW:
-            where = "is open" if self._state == _OPEN else "has ended"
-            raise RuntimeError(
-                f"aliasguard.track_views(): this track_views() object was entered before (it {where}); "
-                "it is used once: create a new aliasguard.track_views() for each with-block (or use "
-                "@aliasguard.track_views() as a decorator, which opens a new scope per call)"
-            )
+        self._uses.check_enter()
         self._was_excluded = _C._enable_view_tracking()
-        self._state, self._thread = _OPEN, threading.get_ident()
+        self._uses.entered()
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        if self._state != _OPEN:
-            what = "was never entered" if self._state == _NEW else "has ended already"
-            raise RuntimeError(
-                f"aliasguard.track_views(): __exit__ called on a track_views() scope that {what}; "
-                "use `with aliasguard.track_views():` (or @aliasguard.track_views()), which enters and "
-                "exits each scope once"
-            )
-        if self._thread != threading.get_ident():
-            raise RuntimeError(
-                "aliasguard.track_views(): __exit__ called on another thread than the one that entered "
-                "the scope; end each track_views() scope on the thread that entered it"
-            )
-        self._state = _ENDED
+        self._uses.check_exit()
+        self._uses.ended()
         _C._restore_view_tracking(self._was_excluded)
 
     def __call__(self, func: F) -> F:

@@ -797,8 +797,9 @@ def effectful_region(x: torch.Tensor) -> torch.Tensor:
     return x.sin()
 
 
-def count_effectful_calls(run: Callable[[torch.Tensor], torch.Tensor]) -> int:
-    op = torch.ops.aten._linalg_check_errors.default
+def count_effectful_calls(run: Callable[[torch.Tensor], torch.Tensor], op: Any = None) -> int:
+    """How often ``op`` (``aten._linalg_check_errors`` by default) runs in ``run``'s forward and backward."""
+    op = torch.ops.aten._linalg_check_errors.default if op is None else op
     calls = 0
 
     class Count(TorchDispatchMode):
@@ -860,23 +861,9 @@ def test_effectful_op_is_kept_or_replayed_as_by_torch_sac_in_each_namespace(
     def region(x: torch.Tensor) -> torch.Tensor:
         return op(x.detach()) * x.sin()  # no gradient through the custom op
 
-    def count_calls(run: Callable[[torch.Tensor], torch.Tensor]) -> int:
-        calls = 0
-
-        class Count(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                nonlocal calls
-                calls += func is op
-                return func(*args, **(kwargs or {}))
-
-        x = torch.randn(3, dtype=torch.float64, requires_grad=True)
-        with Count():
-            run(x).sum().backward()
-        return calls
-
     constant = lambda ctx, op, *args, **kwargs: policy  # noqa: E731
-    theirs = count_calls(torch_sac(constant, region))
-    assert count_calls(ours(constant, region)) == theirs
+    theirs = count_effectful_calls(torch_sac(constant, region), op)
+    assert count_effectful_calls(ours(constant, region), op) == theirs
     saved = policy in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
     if saved or policy is CheckpointPolicy.MUST_RECOMPUTE:
         assert theirs == (1 if saved else 2)  # no torch overrides these
