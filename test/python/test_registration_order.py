@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard  # noqa: F401 - the in-process tests run with it installed
+from tracking_scenarios import WritesTwice
 from subprocess_snippets import assert_clean_exit, run_snippet
 
 aten = torch.ops.aten
@@ -163,21 +164,6 @@ def test_registration_order_changes_nothing():
 
 
 # --- a version recorded between two writes never matches again --------------------------------
-
-
-class WritesTwice(TorchDispatchMode):
-    """Answers add_ with two writes, recording the version between them."""
-
-    def __init__(self):
-        super().__init__()
-        self.between = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is aten.add_.Tensor:
-            self.between = args[0]._version
-            args[0].mul_(1)
-        return out
 
 
 class PassMode(TorchDispatchMode):

@@ -16,6 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aliasguard
+from tracking_scenarios import WritesTwice
 from aliasguard import _C, shares_version_counter
 from aliasguard.testing import WrapperTensor
 
@@ -162,21 +163,6 @@ def test_view_of_unrelated_memory_is_still_refused():
 
 
 # --- versions -------------------------------------------------------------------------------
-
-
-class WritesTwice(TorchDispatchMode):
-    """Answers add_ with two writes, recording the version between them."""
-
-    def __init__(self):
-        super().__init__()
-        self.between = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is aten.add_.Tensor:
-            self.between = args[0]._version
-            args[0].mul_(1)
-        return out
 
 
 def test_a_version_seen_between_two_writes_of_a_body_never_matches_again():

@@ -203,3 +203,18 @@ if __name__ == "__main__":
     if "--aliasguard" in sys.argv:
         import aliasguard  # noqa: F401
     torch.save(collect(), sys.argv[1])
+
+
+class WritesTwice(TorchDispatchMode):
+    """Answers add_ with two writes, recording the version between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.between = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is aten.add_.Tensor:
+            self.between = args[0]._version
+            args[0].mul_(1)
+        return out
