@@ -260,9 +260,8 @@ def _coerce_policy(policy: Any, func: Any) -> CheckpointPolicy:
     )
 
 
-def _raise_forward_mutation(func: Any, cached_op_object: Any, index: int, cached_at: str) -> NoReturn:
-    cached_op = _op_name(cached_op_object)
-    mutating_op = _op_name(func)
+def _raise_write_refused(mutating_op: str, cached_op: str, index: int, cached_at: str) -> NoReturn:
+    """The one message for a write refused before it happened, on either path."""
     where = _user_location()
     raise CheckpointMutationError(
         f"aliasguard.checkpoint: {mutating_op} at {where} would write to the "
@@ -280,14 +279,14 @@ def _raise_forward_mutation(func: Any, cached_op_object: Any, index: int, cached
     )
 
 
-def _raise_recompute_mutation(
-    cached_op_object: Any, index: int, cached_at: str, expected: int, found: int
+def _raise_version_moved(
+    cached_op: str, index: int, cached_at: str, expected: int, found: int, *, when: str
 ) -> NoReturn:
-    cached_op = _op_name(cached_op_object)
+    """The one message for a cached output found written after the fact, on either path."""
     raise CheckpointMutationError(
         f"aliasguard.checkpoint: output {index} of {cached_op} (run at "
         f"{cached_at}), cached by selective checkpointing for the "
-        f"backward pass, was modified in place after the forward pass: "
+        f"backward pass, was modified in place {when}: "
         f"its version was {expected} when cached and is {found} now. "
         "Using it would compute wrong gradients. Do not write to the "
         f"checkpointed region's tensors before backward (clone them), "
@@ -300,6 +299,19 @@ def _raise_recompute_mutation(
         expected_version=expected,
         found_version=found,
     )
+
+
+_AFTER_FORWARD = "after the forward pass"
+
+
+def _raise_forward_mutation(func: Any, cached_op_object: Any, index: int, cached_at: str) -> NoReturn:
+    _raise_write_refused(_op_name(func), _op_name(cached_op_object), index, cached_at)
+
+
+def _raise_recompute_mutation(
+    cached_op_object: Any, index: int, cached_at: str, expected: int, found: int
+) -> NoReturn:
+    _raise_version_moved(_op_name(cached_op_object), index, cached_at, expected, found, when=_AFTER_FORWARD)
 
 
 def _raise_missing(func: Any, calls: int, forward_calls: int) -> NoReturn:
@@ -329,35 +341,24 @@ def _fast_op_name(qualified: str) -> str:
     return f"{name.replace('::', '.')}.{overload or 'default'}"
 
 
+def _raise_fast_path_write(qualified_writing_op: str, qualified_cached_op: str, index: int, cached_at: str) -> NoReturn:
+    # See Note [Refusing a write where it happens] in selective_checkpoint_write_guard.h.
+    _raise_write_refused(_fast_op_name(qualified_writing_op), _fast_op_name(qualified_cached_op), index, cached_at)
+
+
 def _raise_fast_path_mutation(
     qualified_op: str, index: int, cached_at: str, expected: int, found: int, in_forward: bool
 ) -> NoReturn:
-    # See Note [SAC below autograd] in selective_checkpoint_fast_path.h: the
-    # fast path sees the cached op, not the write, so it names where the
-    # output was cached and when the write was found.
-    cached_op = _fast_op_name(qualified_op)
+    # In the forward phase only a write the guard cannot see gets here; see
+    # Note [Refusing a write where it happens].
     when = (
-        "later in the checkpointed region (found when its forward pass ended)"
+        "later in the checkpointed region, by a write its forward pass could not "
+        "refuse (made from another thread, or by an op registered while the region ran; "
+        "found when the forward pass ended)"
         if in_forward
-        else "after the forward pass (found by the backward's recompute)"
+        else _AFTER_FORWARD
     )
-    raise CheckpointMutationError(
-        f"aliasguard.checkpoint: output {index} of {cached_op} (run at "
-        f"{cached_at}), cached by selective checkpointing for the backward "
-        f"pass, was modified in place {when}: its version was {expected} when "
-        f"cached and is {found} now. Using it would compute wrong gradients. "
-        "The fast path (a list policy, or a policy function given ops=) does "
-        "not see the write itself; pass "
-        "fast_path=False to have the forward pass refuse the write before it "
-        "happens and name its line. Clone the tensor before writing to it, "
-        f"have the policy recompute {cached_op}, or pass "
-        "allow_cache_entry_mutation=True if the write is known to be harmless.",
-        cached_op=cached_op,
-        output_index=index,
-        cached_at=cached_at,
-        expected_version=expected,
-        found_version=found,
-    )
+    _raise_version_moved(_fast_op_name(qualified_op), index, cached_at, expected, found, when=when)
 
 
 def _raise_fast_path_missing(qualified_op: str, calls: int, forward_calls: int) -> NoReturn:
@@ -615,13 +616,25 @@ def _fast_path_contexts(
     [Effectful ops on the fast path].
 
     The modes stay for: higher-order ops in the list, ops SAC ignores in the
-    list, and user saved-tensors hooks on a torch whose SAC may route its
-    cache through them.
+    list, user saved-tensors hooks on a torch whose SAC may route its
+    cache through them, and a process where the fast path's write guard
+    cannot run (another library holds its dispatch key).
     """
     kept_for_effect = _semantics.ops_kept_for_effect()
     if kept_for_effect:
         saved_ops, policy_fn = _with_effects_kept(saved_ops, policy_fn, kept_for_effect)
     if _semantics.supports_respect_saved_tensors_hooks() and _semantics.current_user_saved_tensors_hooks() is not None:
+        return None
+    unavailable = _C._sac_write_guard_unavailable_reason()
+    if unavailable:
+        warnings.warn(
+            "aliasguard.checkpoint: the fast path cannot refuse a write to a cached tensor where it "
+            f"happens in this process ({unavailable}), so this region runs under the dispatch-mode "
+            "path instead, which can: every op in it goes through a TorchDispatchMode, as with "
+            "torch's own selective checkpointing. Pass fast_path=False to choose the mode path "
+            "without this warning.",
+            stacklevel=3,
+        )
         return None
     higher_order = sorted(op.name() for op in saved_ops if isinstance(op, HigherOrderOperator))
     if higher_order:
@@ -783,11 +796,11 @@ def create_selective_checkpoint_contexts(
             cache below autograd with C++ kernels for those ops instead of
             two dispatch modes, so that the region's other ops do not go
             through Python (about the cost of a plain checkpoint). The same
-            outputs are saved; a write to a cached tensor is detected when
-            the forward pass ends or at recompute instead of being refused
-            before it happens, and the error names the cached op and where
-            it ran, not the writing line (``fast_path=False`` names it).
-            Ignored for a policy function without ``ops``.
+            outputs are saved, and a write to a cached tensor in the forward
+            pass is refused before it happens, naming both lines, as with
+            the modes: only the ops that write an argument are looked at,
+            in C++, while the region runs. Ignored for a policy function
+            without ``ops``.
         ops: for a policy function only: the ops whose outputs it may save.
             The function is then asked only about calls of these ops (in the
             forward pass, after the op ran, as without ``ops``); every other

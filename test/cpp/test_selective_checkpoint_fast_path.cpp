@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -18,6 +20,7 @@ namespace {
 
 using aliasguard::autograd::FastPathPolicy;
 using aliasguard::autograd::FastPathRegion;
+using aliasguard::autograd::is_write_guard_on;
 using aliasguard::autograd::num_open_fast_path_regions;
 using aliasguard::autograd::release_fast_path_kernels;
 
@@ -106,29 +109,74 @@ TEST(FastPathRegion, WriteAfterTheForwardIsRefusedAtRecompute) {
       << message;
 }
 
-TEST(FastPathRegion, WriteInsideTheForwardIsRefusedWhenItEnds) {
+TEST(FastPathRegion, WriteInsideTheForwardIsRefusedBeforeItHappens) {
   at::Tensor a = at::randn({2, 2});
   {
     FastPathRegion region(mm_only(), false);
     region.enter_forward();
-    at::mm(a, a).add_(1);
+    EXPECT_TRUE(is_write_guard_on());
+    at::Tensor out = at::mm(a, a);
+    const at::Tensor before = out.clone();
+    // Directly, through a view, and as an out= argument.
+    for (const auto& write : std::vector<std::function<void()>>{
+             [&] { out.add_(1); },
+             [&] { out.view({4}).mul_(2); },
+             [&] { at::mul_out(out, a, a); }}) {
+      const std::string message = error_of(write);
+      EXPECT_NE(
+          message.find("would write to the memory of output 0 of aten::mm"),
+          std::string::npos)
+          << message;
+      EXPECT_NE(message.find("Nothing was written"), std::string::npos)
+          << message;
+    }
+    EXPECT_TRUE(at::equal(out, before));
+    EXPECT_EQ(out._version(), 0);
+    // Tensors it did not cache are written as usual.
+    at::Tensor other = a.clone();
+    other.add_(1);
+    EXPECT_EQ(other._version(), 1);
+    region.exit_forward(true);
+    EXPECT_FALSE(is_write_guard_on());
+  }
+  {
+    // The guard is this thread's: another thread's write is found by
+    // version when the forward phase ends.
+    FastPathRegion region(mm_only(), false);
+    region.enter_forward();
+    at::Tensor out = at::mm(a, a);
+    std::thread([&] {
+      EXPECT_FALSE(is_write_guard_on());
+      out.add_(1);
+    }).join();
     const std::string message = error_of([&] { region.exit_forward(true); });
     EXPECT_NE(
         message.find("later in the checkpointed region"), std::string::npos)
         << message;
+    EXPECT_FALSE(is_write_guard_on());
   }
   {
     // Left by an exception: nothing is compared (the first error stands).
     FastPathRegion region(mm_only(), false);
     region.enter_forward();
-    at::mm(a, a).add_(1);
+    at::Tensor out = at::mm(a, a);
+    std::thread([&] { out.add_(1); }).join();
     EXPECT_EQ(error_of([&] { region.exit_forward(false); }), "");
   }
   {
     FastPathRegion region(mm_only(), /*allow_mutation=*/true);
     region.enter_forward();
+    EXPECT_FALSE(is_write_guard_on());
     at::mm(a, a).add_(1);
     EXPECT_EQ(error_of([&] { region.exit_forward(true); }), "");
+  }
+  {
+    // A region dropped while open turns the guard off.
+    auto region = std::make_unique<FastPathRegion>(mm_only(), false);
+    region->enter_forward();
+    EXPECT_TRUE(is_write_guard_on());
+    region.reset();
+    EXPECT_FALSE(is_write_guard_on());
   }
 }
 

@@ -6,7 +6,8 @@ around a small function, run through ``torch.utils.checkpoint.checkpoint(use_ree
 (``sac``: its fast path; ``sac_modes``: ``fast_path=False``, its dispatch modes) and torch's
 ``create_selective_checkpoint_contexts`` on the stock side; ``torch_sac`` uses torch's on both sides
 (importing aliasguard must leave torch's SAC as it is). Cases: ``clean`` (nothing written), ``write_in_forward``
-(the cached ``mm`` output written inside the region), ``write_after_forward`` (written after the
+(the cached ``mm`` output written inside the region), ``write_in_forward_kept`` (the same, recording whether
+the call raised and the written tensor after it: was the write made?), ``write_after_forward`` (written after the
 forward pass, before backward), ``matmul_write`` (a batched matmul's result written inside the region:
 its ``_unsafe_view`` hides the write from torch's check). Recorded: outputs, then backward's gradients
 (or the exception of either step).
@@ -50,6 +51,18 @@ def _case_write_in_forward(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tens
     return (y * 2,)
 
 
+# What ``write_in_forward_kept`` wrote to, observed after the call: refused before the write (aliasguard), the
+# value and version are the mm's; let through (torch's SAC), the write shows.
+KEPT: list[torch.Tensor] = []
+
+
+def _case_write_in_forward_kept(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = torch.mm(x, w)
+    KEPT.append(y)
+    y.add_(1)
+    return (y * 2,)
+
+
 def _case_write_after_forward(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     y = torch.mm(x, w)
     return (y.sin(), y)  # the caller writes y (out1) after the forward pass; sin's backward needs y again
@@ -64,6 +77,7 @@ def _case_matmul_write(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, 
 SAC_CASES: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {
     "clean": _case_clean,
     "write_in_forward": _case_write_in_forward,
+    "write_in_forward_kept": _case_write_in_forward_kept,
     "write_after_forward": _case_write_after_forward,
     "matmul_write": _case_matmul_write,
 }
@@ -83,8 +97,13 @@ def run_checkpoint(ctx: Context, variant: str, case: str) -> dict:
     w = torch.randn(4, 4, requires_grad=True)
     leaves = [("arg0", x), ("arg1", w)]
     pool = {id(x): "arg0", id(w): "arg1"}
+    KEPT.clear()
     out, err = call(lambda: torch.utils.checkpoint.checkpoint(SAC_CASES[case], x, w, use_reentrant=False,
                                                               context_fn=_context_fn(ctx, variant)))
+    if case == "write_in_forward_kept":
+        # Whether the write was made, beside whether the call raised (a failed step would hide the rest).
+        return {"refused": err["exc"] if err is not None else "<no exception>",
+                "kept": ob.tensors([("kept0", KEPT[0])], pool), "args": ob.tensors(leaves, pool)}
     if err is not None:
         return {"call": err, "args": ob.tensors(leaves, pool)}
     outs = ob.named("out", out)

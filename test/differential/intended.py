@@ -279,6 +279,22 @@ def _checkpoint_refuses(variant: str) -> Callable[[Diff], bool]:
     return pred
 
 
+def _checkpoint_refuses_before_the_write(variant: str) -> Callable[[Diff], bool]:
+    # checkpoint/<variant>/write_in_forward_kept: aliasguard.checkpoint refuses the write inside the region
+    # before it happens (CheckpointMutationError from the call), so the tensor it would have written keeps its
+    # value and version; torch's SAC lets the write through (and finds it at recompute).
+    def pred(d: Diff) -> bool:
+        if d.family != "checkpoint" or d.variant != variant or d.path[:1] not in (("kept",), ("refused",)):
+            return False
+        if d.path == ("refused",):
+            return d.ag == "CheckpointMutationError" and d.stock == "<no exception>"
+        if d.key == "version":
+            return isinstance(d.ag, int) and isinstance(d.stock, int) and d.ag < d.stock
+        return d.key in ("value", "grad_fn")  # the write's value and its AddBackward0 are not there
+
+    return pred
+
+
 def _untracked_saving_counter(d: Diff) -> bool:
     # dispatcher/saving/... with tracking off: the saving mode's outputs of view ops share their input's
     # counter by correction alone (as top level), so writing the outputs afterwards moves what was kept of
@@ -402,10 +418,18 @@ INTENDED: list[Rule] = [
          _audit_reports_uncorrected, frozenset(), frozenset({"correction"})),
     Rule("checkpoint-refuses-mutated-cache",
          "aliasguard.checkpoint (its fast path: C++ kernels for the listed ops) raises CheckpointMutationError "
-         "for a write to a cached tensor (at the end of the forward region, or at backward for a write after "
-         "it), where torch's SAC raises a RuntimeError at recompute or, when a batched matmul's _unsafe_view "
-         "hides the write, computes wrong gradients silently",
+         "for a write to a cached tensor (before the write inside the forward region, or at backward for a "
+         "write after it), where torch's SAC raises a RuntimeError at recompute or, when a batched matmul's "
+         "_unsafe_view hides the write, computes wrong gradients silently",
          _checkpoint_refuses("sac"), frozenset({"checkpoint"})),
+    Rule("checkpoint-refuses-before-the-write",
+         "aliasguard.checkpoint's fast path refuses a write to a cached tensor inside the region before it "
+         "happens (its write guard: C++ kernels for the ops that write, on while the region runs): the tensor "
+         "keeps its value and version, where torch's SAC lets the write through",
+         _checkpoint_refuses_before_the_write("sac"), frozenset({"checkpoint"})),
+    Rule("checkpoint-modes-refuse-before-the-write",
+         "the same with fast_path=False: its forward dispatch mode refuses the write before it happens",
+         _checkpoint_refuses_before_the_write("sac_modes"), frozenset({"checkpoint", "detach"})),
     Rule("checkpoint-modes-refuse-mutated-cache",
          "the same with fast_path=False (its dispatch modes: the write is refused before it happens); the modes "
          "keep cached outputs with detach below autograd, so this rests on detach keeping the counter too",

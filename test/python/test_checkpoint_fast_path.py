@@ -179,17 +179,148 @@ def test_write_after_forward_raises_at_recompute_naming_the_cached_op(how: str):
     assert (info.value.expected_version, info.value.found_version) == (0, 1)
 
 
-def test_write_inside_the_region_raises_when_the_forward_ends():
+# Each writes to ``y``, the cached mm output, in its own way; the line of the
+# write is the lambda's.
+WRITES: Dict[str, Callable[[torch.Tensor], Any]] = {
+    "in place": lambda y: y.add_(1),
+    "through a view": lambda y: y[0].mul_(2),
+    "out=": lambda y: torch.mul(torch.ones(3, 3), 2, out=y),
+    "copy_": lambda y: y.copy_(torch.zeros(3, 3)),
+    "foreach": lambda y: torch._foreach_add_([torch.zeros(1), y], 1),
+    "under no_grad": lambda y: _under_no_grad(y),
+}
+WRITING_OPS = {
+    "in place": "aten.add_.Tensor",
+    "through a view": "aten.mul_.Tensor",
+    "out=": "aten.mul.out",
+    "copy_": "aten.copy_.default",
+    "foreach": "aten._foreach_add_.Scalar",
+    "under no_grad": "aten.sub_.Tensor",
+}
+
+
+def _under_no_grad(y: torch.Tensor) -> None:
+    with torch.no_grad():
+        y.sub_(1)
+
+
+def _line_of(fn: Callable[..., Any], offset: int = 0) -> str:
+    return f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno + offset}"
+
+
+@pytest.mark.parametrize("how", list(SAVE_MM))
+@pytest.mark.parametrize("write", list(WRITES))
+def test_write_inside_the_region_is_refused_before_it_happens(how: str, write: str):
+    seen: Dict[str, Any] = {}
+
     def fn(x, w):
         y = torch.mm(x, w)
-        y.add_(1)  # would be applied twice by the recompute
+        seen["y"], seen["value"], seen["version"] = y, y.detach().clone(), y._version
+        WRITES[write](y)
         return y.sin()
 
     x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
-    with pytest.raises(CheckpointMutationError, match="later in the checkpointed region"):
-        checkpoint(fn, x, w, policy=[aten.mm.default])
-    # With the check off the write goes through, as on the mode path.
-    checkpoint(fn, x, w, policy=[aten.mm.default], allow_cache_entry_mutation=True)
+    refused = r"would write to the memory of output 0 of aten\.mm\.default"
+    with pytest.raises(CheckpointMutationError, match=refused) as info:
+        checkpoint(fn, x, w, **SAVE_MM[how])
+    error = info.value
+    assert error.mutating_op == WRITING_OPS[write]
+    assert error.cached_op == "aten.mm.default"
+    assert error.cached_at == _line_of(fn, 1)
+    write_line = _line_of(_under_no_grad, 2) if write == "under no_grad" else _line_of(WRITES[write])
+    assert error.mutated_at == write_line
+    assert f"{error.mutating_op} at {write_line}" in str(error)
+    # Nothing was written, and the guard is off again.
+    assert torch.equal(seen["y"].detach(), seen["value"]) and seen["y"]._version == seen["version"]
+    assert not _C._sac_write_guard_is_on()
+    assert _C._sac_fast_num_open_regions() == 0
+
+
+@pytest.mark.parametrize("how", list(SAVE_MM))
+def test_write_inside_the_region_goes_through_when_mutation_is_allowed(how: str):
+    def fn(x, w):
+        y = torch.mm(x, w)
+        y.add_(1)  # would be applied twice by the recompute: the user said it is harmless
+        return y
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    out = checkpoint(fn, x, w, allow_cache_entry_mutation=True, **SAVE_MM[how])
+    assert torch.equal(out.detach(), torch.mm(x, w).detach() + 1)
+
+
+def test_the_write_guard_is_on_only_in_this_threads_forward_region():
+    calls: List[Tuple[bool, bool]] = []  # per run of fn: (this thread, another thread)
+
+    def fn(x):
+        in_other: List[bool] = []
+        other = threading.Thread(target=lambda: in_other.append(_C._sac_write_guard_is_on()))
+        other.start()
+        other.join()
+        calls.append((_C._sac_write_guard_is_on(), in_other[0]))
+        return torch.mm(x, x).sin()
+
+    x = torch.randn(3, 3, requires_grad=True)
+    assert not _C._sac_write_guard_is_on()
+    out = checkpoint(fn, x, policy=[aten.mm.default])
+    assert not _C._sac_write_guard_is_on()
+    out.sum().backward()  # runs fn again: the recompute
+    assert calls == [(True, False), (False, False)]
+    # allow_cache_entry_mutation=True: nothing to refuse, the guard stays off.
+    checkpoint(fn, x, policy=[aten.mm.default], allow_cache_entry_mutation=True)
+    assert calls[-1] == (False, False)
+
+
+def test_a_write_from_another_thread_is_found_when_the_forward_ends():
+    def fn(x):
+        y = torch.mm(x, x)
+        writer = threading.Thread(target=lambda: y.detach().add_(1))  # the guard is this thread's
+        writer.start()
+        writer.join()
+        return y.sin()
+
+    with pytest.raises(CheckpointMutationError, match="could not refuse") as info:
+        checkpoint(fn, torch.randn(3, 3, requires_grad=True), policy=[aten.mm.default])
+    assert (info.value.expected_version, info.value.found_version) == (0, 1)
+    assert not _C._sac_write_guard_is_on()
+
+
+def test_nested_regions_refuse_a_write_to_the_outer_regions_cache():
+    def inner(y):
+        y.mul_(2)
+        return y.sin()
+
+    def outer(x):
+        y = torch.mm(x, x)
+        return checkpoint(inner, y, policy=[aten.addmm.default])
+
+    with pytest.raises(CheckpointMutationError) as info:
+        checkpoint(outer, torch.randn(3, 3, requires_grad=True), policy=[aten.mm.default])
+    assert (info.value.mutating_op, info.value.cached_op) == ("aten.mul_.Tensor", "aten.mm.default")
+    assert info.value.mutated_at == _line_of(inner, 1)
+    assert not _C._sac_write_guard_is_on()
+
+
+def test_an_op_registered_after_the_first_region_is_guarded():
+    checkpoint(lambda x: torch.mm(x, x), torch.randn(2, 2, requires_grad=True), policy=[aten.mm.default])
+    before = _C._sac_write_guard_num_kernels()
+    assert before > 0
+    lib = torch.library.Library("aliasguard_write_guard_test", "DEF")  # noqa: TOR901
+    try:
+        lib.define("halve_(Tensor(a!) x) -> ()")
+        lib.impl("halve_", lambda x: x.mul_(0.5), "CompositeExplicitAutograd")
+        halve_ = torch.ops.aliasguard_write_guard_test.halve_.default
+
+        def fn(x):
+            y = torch.mm(x, x)
+            halve_(y)
+            return y.sin()
+
+        with pytest.raises(CheckpointMutationError) as info:
+            checkpoint(fn, torch.randn(2, 2, requires_grad=True), policy=[aten.mm.default])
+        assert info.value.mutating_op == "aliasguard_write_guard_test.halve_.default"
+        assert _C._sac_write_guard_num_kernels() > before
+    finally:
+        lib._destroy()
 
 
 def test_write_through_a_batched_matmul_result_is_seen():
@@ -565,3 +696,40 @@ def test_the_effectful_ops_are_recomputed_when_an_op_is_registered():
     finally:
         lib._destroy()
     assert op not in semantics.ops_kept_for_effect()
+
+
+def test_where_another_library_holds_the_guards_key_the_modes_refuse_the_write():
+    from subprocess_snippets import run_snippet
+
+    # A library that registered a fallback on the key before aliasguard's first
+    # region: the fast path cannot guard writes there, so the region takes the
+    # modes (with a warning), which refuse the write before it happens.
+    result = run_snippet(
+        """
+        import warnings
+        import torch
+        lib = torch.library.Library("_", "IMPL")  # noqa: TOR901
+        lib.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastXLA")
+        import aliasguard
+        from aliasguard import _C
+        from aliasguard.checkpoint import CheckpointMutationError, checkpoint
+        assert "another library registered a fallback" in _C._sac_write_guard_unavailable_reason()
+
+        def fn(x):
+            y = torch.mm(x, x)
+            y.add_(1)
+            return y.sin()
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                checkpoint(fn, torch.randn(2, 2, requires_grad=True), policy=[torch.ops.aten.mm.default])
+            except CheckpointMutationError as error:
+                assert error.mutating_op == "aten.add_.Tensor", error
+            else:
+                raise AssertionError("the write went through")
+        assert any("cannot refuse a write" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        print("ok")
+        """
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.describe()

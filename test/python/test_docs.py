@@ -188,3 +188,35 @@ def test_command_line_exit_status(tmp_path):
     bad = subprocess.run([sys.executable, script, "--root", str(dirty)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert bad.returncode == 1 and "README.md:1: link:" in bad.stdout
+
+
+def _core_headers() -> list:
+    return [
+        path
+        for folder in ("c10", "aten", "torch")
+        for path in sorted((ROOT / folder).rglob("*.h"))
+        if not path.name.startswith("python_")
+    ]
+
+
+def test_architecture_names_every_hook_the_core_calls_up_through():
+    """Every hook setter (a ``set_*`` taking a callback or hook table) and every abstract class
+    of the core's headers is in architecture.md's table of upward calls, and nothing else is."""
+    import re
+
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## Where the core calls up", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    hooks = set()
+    for header in _core_headers():
+        text = header.read_text()
+        for name, parameter in re.findall(r"ALIASGUARD_API void (set_\w+)\(\s*(?:const )?(\w+)", text):
+            if parameter != "bool":
+                hooks.add(name)
+        for name, body in re.findall(r"class ALIASGUARD_API (\w+)(?: final)?(?: : [^{]*)? \{(.*?)\n\};", text, re.S):
+            if re.search(r"\bvirtual\b[^;]*\)[^;]*= 0;", body):
+                hooks.add(name)
+    assert {"set_fast_path_hooks", "FastPathPolicy", "WriteChecker"} <= hooks  # the scan finds them
+    missing = sorted(h for h in hooks if f"`{h}`" not in section)
+    assert not missing, f"docs/architecture.md's 'Where the core calls up' does not name {missing}"
+    named = set(re.findall(r"^\| `(\w+)`", section, re.M))
+    assert named <= hooks, f"the table names hooks the core no longer has: {sorted(named - hooks)}"

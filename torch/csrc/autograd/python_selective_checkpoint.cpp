@@ -848,6 +848,17 @@ void raise_fast_mutation(const FastPathMutation& mutation) {
           mutation.in_forward));
 }
 
+void raise_fast_write(const FastPathWrite& write) {
+  py::gil_scoped_acquire gil;
+  raise_from_helper(
+      "_raise_fast_path_write",
+      py::make_tuple(
+          write.writing_op,
+          write.cached_op,
+          write.output_index,
+          write.cached_at));
+}
+
 void raise_fast_missing(
     const std::string& op,
     size_t calls,
@@ -869,6 +880,7 @@ const FastPathHooks& python_fast_path_hooks() {
     h.release_call_site = &release_call_site;
     h.describe_call_site = &describe_call_site;
     h.raise_mutation = &raise_fast_mutation;
+    h.raise_write = &raise_fast_write;
     h.raise_missing = &raise_fast_missing;
     h.raise_consumed = &raise_fast_consumed;
     return h;
@@ -1114,6 +1126,9 @@ void init_selective_checkpoint_bindings(py::module_& m) {
   });
   m.def("_sac_fast_release_kernels", &release_fast_path_kernels);
   m.def("_sac_fast_num_kernels", &num_fast_path_kernels);
+  m.def("_sac_write_guard_is_on", &is_write_guard_on);
+  m.def("_sac_write_guard_num_kernels", &num_write_guard_kernels);
+  m.def("_sac_write_guard_unavailable_reason", &write_guard_unavailable_reason);
   m.def("_sac_fast_num_open_regions", &num_open_fast_path_regions);
   m.attr("_sac_forward_dispatch") = as_method(&forward_def);
   m.attr("_sac_recompute_dispatch") = as_method(&recompute_def);

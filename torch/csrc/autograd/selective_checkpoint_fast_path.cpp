@@ -294,6 +294,9 @@ FastPathRegion::FastPathRegion(
 }
 
 FastPathRegion::~FastPathRegion() {
+  if (guarding_writes_) {
+    pop_write_checker(this);
+  }
   for (Entry& entry : entries_) {
     forget_site(entry);
   }
@@ -333,6 +336,11 @@ bool FastPathRegion::saves(const c10::OperatorHandle& op) const {
 
 void FastPathRegion::enter_forward() {
   open_regions.push_back({this, Phase::kForward});
+  if (!allow_mutation_ && !guarding_writes_) {
+    // False only where the key is not free, which the import's self-test
+    // already refuses; the version checks then remain.
+    guarding_writes_ = push_write_checker(this);
+  }
 }
 
 namespace {
@@ -348,6 +356,10 @@ void close(FastPathRegion* region, Phase phase) {
 
 void FastPathRegion::exit_forward(bool check) {
   close(this, Phase::kForward);
+  if (guarding_writes_) {
+    pop_write_checker(this);
+    guarding_writes_ = false;
+  }
   cache_.end_forward();
   if (check && !allow_mutation_) {
     for (size_t i = 0; i < entries_.size(); ++i) {
@@ -482,6 +494,37 @@ void FastPathRegion::check_versions(size_t entry, bool in_forward) const {
       " when cached and is ",
       mutation.found_version,
       " now. Using it would compute wrong gradients.");
+}
+
+void FastPathRegion::check_write(
+    const c10::OperatorHandle& op,
+    const at::Tensor& written) const {
+  const auto found = cache_.find_cached(*written.unsafeGetTensorImpl());
+  if (!found.has_value()) {
+    return;
+  }
+  FastPathWrite write;
+  write.writing_op = qualified_name(op);
+  write.cached_op = qualified_name(*entries_[found->entry].op);
+  write.output_index = found->output_index;
+  write.cached_at = site_of(entries_[found->entry]);
+  const FastPathHooks* h = hooks();
+  if (h != nullptr && h->raise_write != nullptr) {
+    h->raise_write(write);
+  }
+  TORCH_CHECK(
+      false,
+      "aliasguard.checkpoint: ",
+      write.writing_op,
+      " would write to the memory of output ",
+      write.output_index,
+      " of ",
+      write.cached_op,
+      " (run at ",
+      write.cached_at,
+      "), which selective checkpointing cached for the backward pass. The "
+      "recompute would read the written values and compute wrong gradients. "
+      "Nothing was written.");
 }
 
 bool FastPathRegion::hand_back(

@@ -4,6 +4,7 @@
 #include <ATen/core/stack.h>
 #include <c10/macros/AliasguardExport.h>
 #include <torch/csrc/autograd/selective_checkpoint.h>
+#include <torch/csrc/autograd/selective_checkpoint_write_guard.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -40,14 +41,16 @@ namespace aliasguard::autograd {
 // modes would: the innermost region sees the op first and the outer ones see
 // what it returns.
 //
-// Writes. The fast path sees only the listed ops, not the in-place ops that
-// might write to a cached output, so it cannot refuse a write before it
-// happens as the mode does. A write still moves the version counter the
-// cached alias shares, and the versions are compared twice: when the forward
-// phase ends (a write inside the region) and when the recompute hands the
-// output back (a write between forward and backward). Either raises before
-// the cached value is used, so no gradient is computed from written memory;
-// the error names the cached op and where it ran, not the writing line.
+// Writes. The kernels see only the listed ops, not the in-place ops that
+// might write to a cached output; while the forward phase runs, the write
+// guard sees those (Note [Refusing a write where it happens]) and the region
+// refuses a write to what it cached before it happens, naming the writing op
+// and the cached one, as the mode does. A write the guard cannot see still
+// moves the version counter the cached alias shares, and the versions are
+// compared twice: when the forward phase ends and when the recompute hands
+// the output back (a write between forward and backward, which the mode
+// path finds the same way). Either raises before the cached value is used,
+// so no gradient is computed from written memory.
 //
 // What is not cached (the op is run again at recompute, as with a policy
 // that recomputes it): ops that already have an ADInplaceOrView kernel
@@ -87,6 +90,14 @@ struct FastPathMutation {
   bool in_forward = false; // found when the forward phase ended
 };
 
+// A write the guard refused before it happened.
+struct FastPathWrite {
+  std::string writing_op; // "aten::mul_.Tensor"
+  std::string cached_op;
+  size_t output_index = 0;
+  std::string cached_at;
+};
+
 struct FastPathHooks {
   // Returns an opaque handle for the current call site (or null).
   void* (*capture_call_site)() = nullptr;
@@ -94,6 +105,7 @@ struct FastPathHooks {
   std::string (*describe_call_site)(void* site) = nullptr;
   // Each throws the binding's error; if it returns, a c10::Error follows.
   void (*raise_mutation)(const FastPathMutation& mutation) = nullptr;
+  void (*raise_write)(const FastPathWrite& write) = nullptr;
   void (*raise_missing)(
       const std::string& op,
       size_t calls,
@@ -131,7 +143,7 @@ class ALIASGUARD_API FastPathPolicy {
       c10::ArrayRef<c10::IValue> outputs) = 0;
 };
 
-class ALIASGUARD_API FastPathRegion {
+class ALIASGUARD_API FastPathRegion final : public WriteChecker {
  public:
   // `ops`: the ops whose outputs may be cached; registers their kernels (and
   // aten::_unsafe_view's). Ops with a skip reason are ignored. Without a
@@ -141,12 +153,14 @@ class ALIASGUARD_API FastPathRegion {
       const std::vector<c10::OperatorHandle>& ops,
       bool allow_mutation,
       std::unique_ptr<FastPathPolicy> policy = nullptr);
-  ~FastPathRegion();
+  ~FastPathRegion() override;
   FastPathRegion(const FastPathRegion&) = delete;
   FastPathRegion& operator=(const FastPathRegion&) = delete;
 
-  // The forward phase, on the calling thread. `check` on exit compares the
-  // cached versions (false when the region is left by an exception).
+  // The forward phase, on the calling thread; unless mutation is allowed,
+  // writes to what it caches are refused meanwhile (Note [Refusing a write
+  // where it happens]). `check` on exit compares the cached versions (false
+  // when the region is left by an exception).
   void enter_forward();
   void exit_forward(bool check);
   // The recompute phase; each recompute starts from the first call again.
@@ -176,6 +190,10 @@ class ALIASGUARD_API FastPathRegion {
   void share_unsafe_view_counter(
       const at::Tensor& input,
       const at::Tensor& output) const;
+  // Used by the write guard: throws when `written` shares a cached output's
+  // counter.
+  void check_write(const c10::OperatorHandle& op, const at::Tensor& written)
+      const override;
 
  private:
   struct Entry {
@@ -191,6 +209,7 @@ class ALIASGUARD_API FastPathRegion {
   SelectiveCheckpointCache cache_;
   std::vector<Entry> entries_;
   bool allow_mutation_ = false;
+  bool guarding_writes_ = false;
   std::unique_ptr<FastPathPolicy> policy_;
 };
 

@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/selective_checkpoint_write_guard.h>
 #include <torch/csrc/autograd/track_views.h>
 
 namespace aliasguard::internals {
@@ -189,6 +190,29 @@ void check_tracked_views_key(std::vector<std::string>& problems) {
   }
 }
 
+void check_write_guard_key(std::vector<std::string>& problems) {
+  // Whether another library holds it is not a problem here: checkpointing
+  // then keeps its modes (Note [The checkpoint write guard's dispatch key]).
+  const std::string name =
+      "c10::DispatchKey::AutocastXLA (Note [The checkpoint write guard's "
+      "dispatch key])";
+  if (!(kCheckpointWriteGuardDispatchKey >
+            c10::DispatchKey::AutogradFunctionality &&
+        kCheckpointWriteGuardDispatchKey <
+            c10::DispatchKey::EndOfFunctionalityKeys)) {
+    problems.push_back(
+        name + ": is no longer a functionality key above autograd");
+  }
+  if (kCheckpointWriteGuardDispatchKey == kTrackedViewsDispatchKey ||
+      kCheckpointWriteGuardDispatchKey == kAuditDispatchKey) {
+    problems.push_back(name + ": is another feature's key");
+  }
+  if (!is_dispatch_key_excluded(kCheckpointWriteGuardDispatchKey) &&
+      !autograd::is_write_guard_on()) {
+    problems.push_back(name + ": is no longer excluded by default");
+  }
+}
+
 // The attr_version trick must make autograd build an as_strided grad_fn.
 void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
   const c10::AutoGradMode grad_mode(true);
@@ -235,6 +259,7 @@ std::vector<std::string> torch_internals_self_test() {
   check_version_counter_identity(problems);
   check_audit_key(problems);
   check_tracked_views_key(problems);
+  check_write_guard_key(problems);
   check_view_grad_fn_rebuild(problems);
   check_autograd_meta_kind(problems);
   return problems;

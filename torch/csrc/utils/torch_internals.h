@@ -69,6 +69,25 @@ constexpr c10::DispatchKey kAuditDispatchKey = c10::DispatchKey::DeferredInit;
 constexpr c10::DispatchKey kTrackedViewsDispatchKey =
     c10::DispatchKey::AutocastIPU;
 
+// Note [The checkpoint write guard's dispatch key]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The fast path's write guard (Note [Refusing a write where it happens])
+// needs a key above autograd, off by default, that a thread turns on while a
+// checkpointed region's forward phase runs, with kernels for the ops that
+// write and a fallthrough fallback for the rest. Most autocast keys are
+// taken: stock registers autocast kernels (for mm, conv, pow...) and a
+// fallthrough on those of CPU, CUDA, XPU, MPS, MTIA and MAIA, and those
+// kernels would run for every tensor while the key is on. AutocastXLA has
+// nothing in a stock build (torch_xla registers it, for TPUs only), is in
+// the default exclude set, and no tensor carries it unless it lives on an
+// XLA device. Not AutocastIPU: the tracked views hold that one with a
+// fallback that is not a fallthrough. Where another library holds it, the
+// guard is unavailable and checkpointing keeps its dispatch modes
+// (write_guard_unavailable_reason()). Upstream: a dedicated key, or a
+// version counter that can refuse a bump.
+constexpr c10::DispatchKey kCheckpointWriteGuardDispatchKey =
+    c10::DispatchKey::AutocastXLA;
+
 // Note [Thread-local dispatch key state]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every dispatch guard of torch (AutoDispatchBelowADInplaceOrView,
