@@ -251,6 +251,20 @@ def test_compiled_function_of_a_transposed_nested_jagged_tensor_runs_as_stock(ba
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_nested_jagged_tensor_made_in_inference_mode_runs_as_stock(backend):
+    # In inference mode no kernel above NJT's __torch_dispatch__ marks the jagged view of its values, so the
+    # wrapper must keep its own placeholder storage, as in stock: sharing its values' storage without being a
+    # view makes meta conversion set_() it onto the values' fake storage (no set_ kernel for NestedTensorMeta).
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        nt = _jagged()
+    assert StorageWeakRef(nt.untyped_storage()) != StorageWeakRef(nt.values().untyped_storage())
+    compiled = torch.compile(lambda t: t * 2, backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(nt).values(), nt.values() * 2)
+    torch._dynamo.reset()
+
+
 def test_fake_view_of_a_wrapper_keeps_its_meta_storage():
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 

@@ -127,7 +127,11 @@ namespace aliasguard::utils {
 // enclosing body returns it as its own view return, the enclosing
 // correction, which a kernel does follow, gives it the storage. With
 // tracking on the enclosing body re-enables the key, the kernel runs and
-// marks the nested output, and this does not arise.
+// marks the nested output, and this does not arise. Under inference mode no
+// kernel above marks any view either (InferenceMode excludes ADInplaceOrView
+// for the whole thread), so a wrapper output keeps its placeholder there too:
+// a nested jagged tensor made in inference mode and compiled later would
+// otherwise fail the same way (NestedTensorMeta has no set_).
 
 // Note [What a write return may be]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -280,7 +284,7 @@ std::optional<ViewFix> plan_view_output(
           "storage of " +
               site.argument_name());
       alias_storage = true;
-    } else if (!options.under_untracked_body) {
+    } else if (!options.no_kernel_above_marks_views) {
       // See Note [What correction refuses]
       alias_storage = !autograd::storage_alias_problem(
                            output, input, {"output", "input", "storage"})

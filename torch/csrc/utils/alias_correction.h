@@ -40,11 +40,11 @@ struct CorrectionOptions {
   // storage that cannot take its input's storage is an error instead of
   // being left alone. See Note [What correction refuses].
   bool strict = false;
-  // The body runs nested in an untracked body that runs below autograd: no
-  // kernel marks its view returns, so a wrapper output keeps its own
-  // placeholder storage. See Note [A wrapper view made under an untracked
-  // body].
-  bool under_untracked_body = false;
+  // No kernel above will mark the view returns (the body runs nested in an
+  // untracked body below autograd, or under inference mode), so a wrapper
+  // output keeps its own placeholder storage. See Note [A wrapper view made
+  // under an untracked body].
+  bool no_kernel_above_marks_views = false;
 };
 
 // Alias correction of one op's result, on borrowed values. `args` are the

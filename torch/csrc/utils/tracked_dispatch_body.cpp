@@ -89,9 +89,11 @@ TrackedDispatchBody::TrackedDispatchBody(
   body_.untracked_below = below && !body_.tracked;
   options_.tracked = body_.tracked;
   // Read before the Scope makes this body the current one: the enclosing
-  // body. See Note [A wrapper view made under an untracked body].
-  options_.under_untracked_body =
-      below && current_dispatch_body().untracked_below;
+  // body. See Note [A wrapper view made under an untracked body]; inference
+  // mode is the same case: no ADInplaceOrView kernel runs above any body.
+  options_.no_kernel_above_marks_views =
+      (below && current_dispatch_body().untracked_below) ||
+      c10::InferenceMode::is_enabled();
   if (info == nullptr) {
     return;
   }
