@@ -26,7 +26,10 @@ as ``aliasguard.uninstall``) puts back exactly what was there before. What
   first region that names an op, stay: outside a region they are exact
   pass-throughs, and taking them out could fail another thread's dispatch
   (Note [Fast path registrations are kept] in
-  ``selective_checkpoint_fast_path.cpp``).
+  ``selective_checkpoint_fast_path.cpp``); so do its write guard's kernels.
+  The write guard's key, removed from higher-order operators' sets when
+  fast-path regions were made (:func:`let_higher_order_ops_skip_write_guard`),
+  is put back.
 
 :func:`uninstall` runs while no ``__torch_dispatch__`` body, ``track_views()``
 or ``with_tracking()`` scope runs on any thread: it waits for those running
@@ -70,6 +73,8 @@ from aliasguard._torch_internals import (
     disabled_torch_dispatch_impl,
     higher_order_ops,
     is_tracing_infrastructure,
+    num_higher_order_ops,
+    write_guard_key_set,
 )
 
 __all__ = [
@@ -78,6 +83,7 @@ __all__ = [
     "install",
     "install_on",
     "is_installed",
+    "let_higher_order_ops_skip_write_guard",
     "patch_thread_bootstrap",
     "require_installed",
     "uninstall",
@@ -125,6 +131,11 @@ class _State:
     hop_scopes = 0
     hop_changed: List[Any] = []
     hop_init: object = _MISSING
+    # higher-order operators: how many existed when the write guard's key was
+    # last removed from them, and those it was removed from (Note
+    # [Higher-order operators in a fast-path region])
+    guard_hops_seen = -1
+    guard_hops_changed: List[Any] = []
 
 
 def is_installed() -> bool:
@@ -418,6 +429,7 @@ def _uninstall_locked() -> None:
             else:
                 torch.mark_as_view = before  # type: ignore[attr-defined]
     _C._set_alias_audit_reporter(None)
+    _give_higher_order_ops_the_write_guard_key_back()
     _C._set_alias_correction(False)
     _C._set_detach_keep_version_counter(False)
     # Registered on the first tracked body; a later track_views() scope
@@ -538,6 +550,44 @@ def exit_higher_order_op_scope() -> None:
         _State.hop_changed = []
         type.__setattr__(HigherOrderOperator, "__init__", _State.hop_init)
         _State.hop_init = _MISSING
+
+
+# Note [Higher-order operators in a fast-path region]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# While a checkpoint fast-path region's forward phase runs, its write guard
+# includes a borrowed key in the thread's set (Note [Refusing a write where it
+# happens] in selective_checkpoint_write_guard.h), and a higher-order operator
+# called there (torch.cond, flex_attention) would find no rule for it, as
+# with the audit's key (Note [Higher-order operators under an audit]). No
+# operator has a rule for this key where the guard can run (a library that
+# registers on it makes the guard unavailable), so the key is simply removed
+# from each operator's set, before a fast-path region is made, for the
+# operators created since the last time (counted, so the usual call costs a
+# len()); uninstall() puts it back where it was removed. An operator created
+# inside a region is not seen before the next one.
+
+
+def let_higher_order_ops_skip_write_guard() -> None:
+    """Remove the write guard's key from the sets of higher-order operators created since the last call."""
+    if num_higher_order_ops() == _State.guard_hops_seen:
+        return
+    with _State.lock:
+        key = write_guard_key_set()
+        ops = higher_order_ops()
+        for op in ops:
+            keys = op.non_fallthrough_keys
+            if (keys - key) != keys:
+                op.non_fallthrough_keys = keys - key
+                _State.guard_hops_changed.append(op)
+        _State.guard_hops_seen = len(ops)
+
+
+def _give_higher_order_ops_the_write_guard_key_back() -> None:
+    key = write_guard_key_set()
+    for op in _State.guard_hops_changed:
+        op.non_fallthrough_keys = op.non_fallthrough_keys | key
+    _State.guard_hops_changed = []
+    _State.guard_hops_seen = -1
 
 
 def higher_order_op_scopes() -> int:

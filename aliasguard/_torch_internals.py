@@ -39,6 +39,10 @@ __all__ = [
     "tree_map",
     "tree_unflatten",
     "higher_order_ops",
+    "mode_rule",
+    "num_higher_order_ops",
+    "register_mode_rule",
+    "write_guard_key_set",
     "checkpoint_error_type",
     "current_user_saved_tensors_hooks",
     "disabled_torch_dispatch_impl",
@@ -212,6 +216,43 @@ def disable_functorch() -> ContextManager[Any]:
 def audit_key_set() -> Any:
     """The DispatchKeySet of the key the audit borrows."""
     return torch._C.DispatchKeySet(_AUDIT_DISPATCH_KEY)  # type: ignore[arg-type]  # accepts key names
+
+
+# The checkpoint fast path's write guard borrows this key and includes it in
+# the thread's set while a forward region runs (torch_internals.h: Note [The
+# checkpoint write guard's dispatch key]); higher-order operators must fall
+# through it as they do through the audit's (see Note [Higher-order operators
+# in a fast-path region] in _install.py).
+_WRITE_GUARD_DISPATCH_KEY = "AutocastXLA"  # torch_internals.h: kCheckpointWriteGuardDispatchKey
+
+
+def write_guard_key_set() -> Any:
+    """The DispatchKeySet of the key the checkpoint's write guard borrows."""
+    return torch._C.DispatchKeySet(_WRITE_GUARD_DISPATCH_KEY)  # type: ignore[arg-type]  # accepts key names
+
+
+def num_higher_order_ops() -> int:
+    """How many higher-order operators were created so far (cheap: no list is made)."""
+    return len(torch._ops._higher_order_ops)
+
+
+# Note [Higher-order operators' mode rules]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A higher-order operator reaches a TorchDispatchMode in eager mode only
+# through a rule registered for the mode's exact type, kept in its
+# python_key_table (registered with py_impl). aliasguard's checkpoint modes
+# take the rules torch registered for its own SAC modes (see Note
+# [Higher-order operators in the modes] in checkpoint.py). Upstream: rules
+# looked up along the mode's MRO.
+def mode_rule(op: Any, mode_type: type) -> Optional[Callable[..., Any]]:
+    """The rule ``op`` runs for a dispatch mode of exactly ``mode_type``, or None."""
+    rule = op.python_key_table.get(mode_type)
+    return rule if callable(rule) else None
+
+
+def register_mode_rule(op: Any, mode_type: type, rule: Callable[..., Any]) -> None:
+    """Make ``rule`` what ``op`` runs for a dispatch mode of exactly ``mode_type``."""
+    op.py_impl(mode_type)(rule)
 
 
 # Note [Selective checkpointing internals]
@@ -529,6 +570,16 @@ def _check_python_internals() -> List[str]:
         lambda: isinstance(torch._ops._higher_order_ops, dict)
         and all(hasattr(op, "non_fallthrough_keys") for op in higher_order_ops()),
         "is no longer a dict of higher-order operators with non_fallthrough_keys",
+    )
+    expect(
+        "torch._C.DispatchKeySet('AutocastXLA')",
+        lambda: repr(write_guard_key_set()) == "DispatchKeySet(AutocastXLA)",
+        "does not name the write guard's key",
+    )
+    expect(
+        "HigherOrderOperator.python_key_table / py_impl",
+        lambda: all(isinstance(op.python_key_table, dict) and callable(op.py_impl) for op in higher_order_ops()),
+        "no longer hold a higher-order operator's rules per mode type",
     )
     expect(
         "torch._C.DispatchKeySet('DeferredInit')",

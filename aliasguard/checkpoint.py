@@ -108,6 +108,10 @@ from aliasguard._torch_internals import (
     OpOverloadPacket,
     TorchDispatchMode,
     checkpoint_error_type,
+    higher_order_ops,
+    mode_rule,
+    num_higher_order_ops,
+    register_mode_rule,
     tree_flatten,
     tree_map,
     tree_unflatten,
@@ -502,6 +506,50 @@ _CachingMode.__torch_dispatch__ = _C._sac_forward_dispatch
 _CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch
 
 
+# Note [Higher-order operators in the modes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# In eager mode a higher-order operator (HOP) reaches a TorchDispatchMode only
+# through its ``python_key_table``, which HigherOrderOperator.dispatch looks
+# up by the mode's exact type, not by isinstance. torch registers its two SAC
+# modes there for the HOPs its SAC treats as one op (in torch 2.13 to 2.15:
+# flex_attention, inductor_compiled_code, invoke_subgraph, local_map_hop,
+# triton_kernel_wrapper_mutation): the handler pops the mode and calls its
+# ``__torch_dispatch__`` with the HOP, so the policy is asked about the HOP,
+# its output is cached, and the recompute gets the cached output back. Our
+# modes derive from torch's but are other types, so without registrations of
+# their own each of those HOPs raised NotImplementedError ("There was no rule
+# registered for HigherOrderOperator ...") inside our region, e.g. eager
+# flex_attention. _follow_torch_hop_rules gives our mode types torch's
+# handler for every HOP that has one: at import, and again whenever the mode
+# path builds its contexts after more HOPs were made (a module imported
+# later, a user's HOP). A HOP torch's modes have no handler for fails on
+# both alike. The C++ dispatch then treats the HOP as a pure op, counted per
+# HOP object; torch counts inductor_compiled_code per compiled callable
+# (torch.utils.checkpoint._sac_storage_key), which differs only when the
+# recompute skips a compiled region the forward pass ran.
+_HOPS_FOLLOWED = [0]  # how many HOPs existed when the rules were last copied
+
+
+def _follow_torch_hop_rules() -> None:
+    """Register torch's SAC-mode handler of every HOP that has one for our modes too.
+
+    See Note [Higher-order operators in the modes].
+    """
+    if num_higher_order_ops() == _HOPS_FOLLOWED[0]:
+        return
+    hops = higher_order_ops()
+    pairs = ((_semantics.TorchCachingMode, _CachingMode), (_semantics.TorchCachedMode, _CachedMode))
+    for hop in hops:
+        for theirs, ours in pairs:
+            rule = mode_rule(hop, theirs)
+            if rule is not None and mode_rule(hop, ours) is None:
+                register_mode_rule(hop, ours, rule)
+    _HOPS_FOLLOWED[0] = len(hops)
+
+
+_follow_torch_hop_rules()
+
+
 class _FastForwardContext:
     """Forward pass of the list-policy fast path: opens the region below autograd.
 
@@ -573,8 +621,8 @@ def _qualified(op: OpOverload) -> Tuple[str, str]:
 # was not given them in ``ops=`` (the modes recompute such ops without asking,
 # and torch's override then keeps them), and when it was, its answer is
 # overridden as torch overrides it. Higher-order operators with an effect are
-# not dispatcher ops and never reach the fast path (nor, in eager mode, the
-# modes' ``__torch_dispatch__``).
+# not dispatcher ops and never reach the fast path (in eager mode they reach
+# the modes only as torch's own: Note [Higher-order operators in the modes]).
 def _with_effects_kept(
     saved_ops: FrozenSet[Op], policy_fn: Optional[PolicyFn], kept_for_effect: FrozenSet[Op]
 ) -> Tuple[FrozenSet[Op], Optional[PolicyFn]]:
@@ -662,6 +710,8 @@ def _fast_path_contexts(
             continue
         ops.append((name, overload, op))
         by_name[f"{name}.{overload}" if overload else name] = op
+    # See Note [Higher-order operators in a fast-path region] in _install.py.
+    _install.let_higher_order_ops_skip_write_guard()
     state = _C._sac_fast_new_state(ops, bool(allow_cache_entry_mutation), policy_fn)
     forward = _FastForwardContext(state, by_name)
     return forward, _FastRecomputeContext(state, forward)
@@ -855,6 +905,7 @@ def create_selective_checkpoint_contexts(
             _coercing(policy_fn) if policy_fn is not None else list(saved_ops),
             allow_cache_entry_mutation,
         )
+    _follow_torch_hop_rules()
     state = _C._sac_new_state(
         policy_fn,
         saved_ops,

@@ -26,13 +26,26 @@ TorchDispatchModes that only forward each op (``func._op(*args, **kwargs)``):
 the cost of routing every op through torch's Python dispatch key, which any
 SAC built on a TorchDispatchMode pays, whatever its own per-op work.
 
+A third model, ``--sizes decoder``: the llama-style decoder of
+``decoder_model.py`` (RMSNorm, causal SDPA attention, SwiGLU feed-forward of
+bias-free linears; batch 4, seq 128, dim 256, 4 blocks) under torchtitan's
+op-level SAC policy (its save list, every second mm recomputed): torch's SAC,
+aliasguard's fast path (``ops=`` the list's dispatcher ops) and mode path
+(``fast_path=False``), torch_remat saving the same projections (when
+installed: an optional package, imported only by its variant; skipped with a
+note otherwise), plain checkpoint and no checkpoint; with ``--compiled`` also
+each under ``torch.compile`` (inductor). Its ratios are to torch's SAC with the
+same policy.
+
     PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py [--repeats N] [--rounds R] [--compiled]
+    PYTHONPATH=. .venv/bin/python bench/bench_checkpoint.py --sizes decoder [--compiled]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -41,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -50,10 +63,14 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import decoder_model  # bench/, beside this file: never imports aliasguard
+
 aten = torch.ops.aten
 LAYERS = 4
 # (batch, seq, dim, heads, ffn)
-SIZES = {"kernel-bound": (8, 128, 256, 4, 1024), "dispatch-bound": (1, 8, 32, 2, 64)}
+SIZES = {"kernel-bound": (8, 128, 256, 4, 1024), "dispatch-bound": (1, 8, 32, 2, 64), "decoder": (4, 128, 256, 4, 768)}
+# The sizes --compiled also measures under torch.compile.
+COMPILED_SIZES = ("dispatch-bound", "decoder")
 SAVE_MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default]
 STOCK = ("no checkpoint", "plain checkpoint", "pass-through modes", "torch SAC", "torch SAC, policy fn")
 OURS = (
@@ -73,6 +90,78 @@ COMPILED_STOCK = tuple(f"torch SAC, compiled ({b})" for b in COMPILED_BACKENDS) 
 COMPILED_OURS = tuple(f"aliasguard SAC, compiled ({b})" for b in COMPILED_BACKENDS) + (
     "plain checkpoint, compiled (aot_eager) (in-process)",
 )
+
+
+# The decoder (decoder_model.Block) under torchtitan's own policy and save list.
+TITAN = "torchtitan policy"
+REMAT = "torch_remat"
+DECODER_STOCK = ("no checkpoint", "plain checkpoint", f"torch SAC, {TITAN}", REMAT)
+DECODER_OURS = (
+    f"aliasguard SAC, {TITAN} + ops",
+    f"aliasguard SAC, {TITAN} (modes)",
+    "plain checkpoint (in-process)",
+    f"torch SAC, {TITAN} (in-process)",
+)
+DECODER_COMPILED_STOCK = tuple(
+    f"{name}, compiled (inductor)" for name in ("no checkpoint", "plain checkpoint", f"torch SAC, {TITAN}", REMAT)
+)
+DECODER_COMPILED_OURS = (
+    f"aliasguard SAC, {TITAN} + ops, compiled (inductor)",
+    "plain checkpoint, compiled (inductor) (in-process)",
+)
+
+
+def has_torch_remat() -> bool:
+    return importlib.util.find_spec("torch_remat") is not None
+
+
+def variant_names(label: str, kind: str) -> Tuple[str, ...]:
+    """The variants a worker of ``kind`` ("stock" or "ours") measures for ``label``.
+
+    torch_remat's only where it is installed (its variant is the one place
+    that imports it).
+    """
+    stock = kind == "stock"
+    if label == "compiled decoder":
+        names = DECODER_COMPILED_STOCK if stock else DECODER_COMPILED_OURS
+    elif label.startswith("compiled "):
+        names = COMPILED_STOCK if stock else COMPILED_OURS
+    elif label == "decoder":
+        names = DECODER_STOCK if stock else DECODER_OURS
+    else:
+        names = STOCK if stock else OURS
+    return tuple(n for n in names if has_torch_remat() or not n.startswith(REMAT))
+
+
+def reference_variant(label: str) -> str:
+    """The variant every other's gradients are compared with."""
+    if label == "compiled decoder":
+        return "no checkpoint, compiled (inductor)"
+    if label.startswith("compiled "):
+        return "plain checkpoint, compiled (aot_eager)"
+    return "no checkpoint"
+
+
+def remat_saving_projections(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with torchtitan's saved projections as torch_remat save regions.
+
+    A save region keeps what its call saves for backward and is skipped in the
+    recompute; ``recompute_needs_tensor`` keeps its output for the recompute,
+    as SAC's cache does.
+    """
+    import torch_remat as remat
+
+    def save(linear: Callable[..., Any], name: str) -> Callable[..., Any]:
+        region = remat.region(linear, name, recompute=False)
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            out = region(x)
+            remat.recompute_needs_tensor(out)
+            return out
+
+        return call
+
+    return remat.checkpoint()(decoder_model.saved_projections(save, function))
 
 
 def titan_policy() -> Callable[..., Any]:
@@ -185,6 +274,28 @@ def make_variants(blocks: torch.nn.ModuleList, names: Tuple[str, ...]) -> Dict[s
             )
         elif name.endswith(", compiled (aot_eager)") or name.endswith(", compiled (inductor)"):
             variants[name] = compiled_variant(blocks, name)
+        elif name == f"torch SAC, {TITAN}":
+
+            def torch_titan_sac_context() -> Any:
+                return torch_checkpoint.create_selective_checkpoint_contexts(decoder_model.torchtitan_policy())
+
+            variants[name] = run(
+                lambda block, x: torch_checkpoint.checkpoint(
+                    block, x, use_reentrant=False, context_fn=torch_titan_sac_context
+                )
+            )
+        elif name in (f"aliasguard SAC, {TITAN} + ops", f"aliasguard SAC, {TITAN} (modes)"):
+            from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
+
+            def aliasguard_titan_sac(block: torch.nn.Module, x: torch.Tensor, fast_path: bool) -> torch.Tensor:
+                return aliasguard_checkpoint(
+                    block, x, policy=decoder_model.torchtitan_policy(),
+                    ops=decoder_model.DISPATCHER_SAVE_LIST, fast_path=fast_path,
+                )
+
+            variants[name] = run(functools.partial(aliasguard_titan_sac, fast_path=not name.endswith("(modes)")))
+        elif name == REMAT:
+            variants[name] = run(lambda block, x: remat_saving_projections(block)(x))
         elif name == "aliasguard SAC (modes)":
             from aliasguard.checkpoint import checkpoint as aliasguard_checkpoint
 
@@ -201,7 +312,32 @@ def compiled_variant(blocks: torch.nn.ModuleList, name: str) -> Forward:
     """One layer-wise checkpointed forward under torch.compile (one graph per step)."""
     backend = name[name.index("compiled (") + len("compiled ("):-1]
     kwargs: Dict[str, Any] = {}
-    if name.startswith("torch SAC"):
+    if name.startswith(("no checkpoint", REMAT)):
+        layer: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = (
+            (lambda block, x: block(x)) if name.startswith("no checkpoint")
+            else (lambda block, x: remat_saving_projections(block)(x))
+        )
+
+        def forward_without_torch_checkpoint(x: torch.Tensor) -> torch.Tensor:
+            for block in blocks:
+                x = layer(block, x)
+            return x
+
+        return torch.compile(forward_without_torch_checkpoint, backend=backend, fullgraph=True)
+    if name.startswith(f"torch SAC, {TITAN}"):
+
+        def torch_titan_sac_context() -> Any:
+            return torch_checkpoint.create_selective_checkpoint_contexts(decoder_model.torchtitan_policy())
+
+        kwargs["context_fn"] = torch_titan_sac_context
+    elif name.startswith(f"aliasguard SAC, {TITAN}"):
+        from aliasguard.checkpoint import create_selective_checkpoint_contexts as aliasguard_contexts
+
+        def aliasguard_titan_sac_context() -> Any:
+            return aliasguard_contexts(decoder_model.torchtitan_policy(), ops=decoder_model.DISPATCHER_SAVE_LIST)
+
+        kwargs["context_fn"] = aliasguard_titan_sac_context
+    elif name.startswith("torch SAC"):
         kwargs["context_fn"] = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, SAVE_MATMULS)
     elif name.startswith("aliasguard SAC"):
         from aliasguard.checkpoint import create_selective_checkpoint_contexts
@@ -287,14 +423,12 @@ def worker(kind: str, label: str, repeats: int, warmup: int, grads_file: str) ->
     """Measures the variants of one kind in this process; returns samples and bytes."""
     torch.set_num_threads(1)
     compiled = label.startswith("compiled ")
-    if compiled:
-        label = label.removeprefix("compiled ")
-        names = COMPILED_STOCK if kind == "stock" else COMPILED_OURS
-    else:
-        names = STOCK if kind == "stock" else OURS
-    batch, seq, dim, heads, ffn = SIZES[label]
+    names = variant_names(label, kind)
+    size = label.removeprefix("compiled ")
+    batch, seq, dim, heads, ffn = SIZES[size]
     torch.manual_seed(0)
-    blocks = torch.nn.ModuleList(Block(dim, heads, ffn) for _ in range(LAYERS))
+    block_type = decoder_model.Block if size == "decoder" else Block
+    blocks = torch.nn.ModuleList(block_type(dim, heads, ffn) for _ in range(LAYERS))
     x = torch.randn(batch, seq, dim, requires_grad=True)
     params = list(blocks.parameters())
     variants = make_variants(blocks, names)
@@ -346,7 +480,7 @@ Samples = Dict[str, List[float]]
 
 
 def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples, Samples, Dict[str, int], str]:
-    names = COMPILED_STOCK + COMPILED_OURS if label.startswith("compiled ") else STOCK + OURS
+    names = variant_names(label, "stock") + variant_names(label, "ours")
     wall: Dict[str, List[float]] = {name: [] for name in names}
     cpu: Dict[str, List[float]] = {name: [] for name in names}
     saved: Dict[str, int] = {}
@@ -365,10 +499,10 @@ def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples
             # Same gradients from every variant, or the timings mean nothing:
             # bitwise in eager mode (every variant runs the same kernels);
             # compiled graphs may fuse, so there within float32 tolerance of
-            # the compiled plain checkpoint.
+            # a compiled reference.
             grads = {**torch.load(os.path.join(tmp, "stock.pt")), **torch.load(os.path.join(tmp, "ours.pt"))}
             compiled = label.startswith("compiled ")
-            reference = grads["plain checkpoint, compiled (aot_eager)" if compiled else "no checkpoint"]
+            reference = grads[reference_variant(label)]
             for name, got in grads.items():
                 same = (
                     all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, reference))
@@ -380,37 +514,50 @@ def measure(label: str, repeats: int, warmup: int, rounds: int) -> Tuple[Samples
     return wall, cpu, saved, version
 
 
+def table_bases(label: str, name: str) -> Tuple[str, str, Optional[str], Optional[str]]:
+    """For one row: (its torch SAC, the plain checkpoint, their in-process copies or None) to divide by.
+
+    Each SAC row's base is torch's SAC with the same policy (and backend).
+    """
+    if label == "compiled decoder":
+        return f"torch SAC, {TITAN}, compiled (inductor)", "plain checkpoint, compiled (inductor)", None, (
+            "plain checkpoint, compiled (inductor)" + IN_PROCESS
+        )
+    if label.startswith("compiled "):
+        base = "torch SAC, compiled (aot_eager)"
+        if name.startswith(("aliasguard SAC, compiled", "torch SAC, compiled")):
+            base = "torch SAC, compiled " + name[name.index("("):]
+        return base, "plain checkpoint, compiled (aot_eager)", None, (
+            "plain checkpoint, compiled (aot_eager)" + IN_PROCESS
+        )
+    if label == "decoder":
+        base = f"torch SAC, {TITAN}"
+    else:
+        base = "torch SAC, policy fn" if "policy fn" in name else "torch SAC"
+    return base, "plain checkpoint", base + IN_PROCESS, "plain checkpoint" + IN_PROCESS
+
+
 def print_table(label: str, wall: Samples, cpu: Samples, saved: Dict[str, int]) -> None:
-    compiled = label.startswith("compiled ")
-    names = COMPILED_STOCK + COMPILED_OURS if compiled else STOCK + OURS
-    ours = COMPILED_OURS if compiled else OURS
-    base = "torch SAC, compiled (aot_eager)" if compiled else "torch SAC"
-    plain = "plain checkpoint, compiled (aot_eager)" if compiled else "plain checkpoint"
+    names = [name for name in variant_names(label, "stock") + variant_names(label, "ours") if wall.get(name)]
+    ours = variant_names(label, "ours")
     print(
         "| variant | wall (ms) | IQR / median | wall / torch SAC | wall / plain ckpt "
         "| wall / in-process torch SAC | wall / in-process plain ckpt | CPU (ms) | CPU / torch SAC "
         "| saved (KiB) | bytes / torch SAC |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    med_wall = {name: statistics.median(s) for name, s in wall.items()}
-    med_cpu = {name: statistics.median(s) for name, s in cpu.items()}
+    med_wall = {name: statistics.median(s) for name, s in wall.items() if s}
+    med_cpu = {name: statistics.median(s) for name, s in cpu.items() if s}
     for name in names:
-        quartiles = statistics.quantiles(wall[name], n=4)
+        quartiles = statistics.quantiles(wall[name], n=4) if len(wall[name]) > 1 else [med_wall[name]] * 3
         spread = (quartiles[2] - quartiles[0]) / med_wall[name]
-        # The same policy's torch variant is the base of each SAC row.
-        own_base = base
-        if compiled and name.startswith(("aliasguard SAC, compiled", "torch SAC, compiled")):
-            own_base = "torch SAC, compiled " + name[name.index("("):]
-        elif "policy fn" in name:
-            own_base = "torch SAC, policy fn"
+        own_base, plain, in_process_base, in_process_plain = table_bases(label, name)
         in_process = "| | "
-        if name in ours and not compiled:
+        if name in ours:
             in_process = (
-                f"| {med_wall[name] / med_wall[own_base + IN_PROCESS]:.3f}x "
-                f"| {med_wall[name] / med_wall[plain + IN_PROCESS]:.3f}x "
+                (f"| {med_wall[name] / med_wall[in_process_base]:.3f}x " if in_process_base else "| ")
+                + f"| {med_wall[name] / med_wall[in_process_plain]:.3f}x "
             )
-        elif name in ours and compiled:
-            in_process = f"| | {med_wall[name] / med_wall[plain + IN_PROCESS]:.3f}x "
         print(
             f"| {name} | {med_wall[name] * 1e3:.2f} | {spread:.1%} | {med_wall[name] / med_wall[own_base]:.3f}x "
             f"| {med_wall[name] / med_wall[plain]:.3f}x {in_process}"
@@ -424,10 +571,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="steps per variant per worker (x5 dispatch-bound)")
     parser.add_argument("--rounds", type=int, default=4, help="worker processes of each kind per size")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES), help="which model sizes")
+    parser.add_argument(
+        "--sizes", nargs="+", choices=tuple(SIZES), default=["kernel-bound", "dispatch-bound"],
+        help="which models: the two transformer sizes (the default), and/or decoder (torchtitan's policy)",
+    )
     parser.add_argument(
         "--compiled", action="store_true",
-        help="also torch.compile (aot_eager, inductor) of torch's SAC and aliasguard's, dispatch-bound size",
+        help="also under torch.compile: the dispatch-bound transformer (aot_eager, inductor) and the decoder "
+        "(inductor), for those chosen (the dispatch-bound one if neither is)",
     )
     parser.add_argument("--worker", choices=("stock", "ours"), help=argparse.SUPPRESS)
     parser.add_argument("--size", help=argparse.SUPPRESS)
@@ -438,13 +589,30 @@ def main() -> None:
         print(json.dumps(worker(options.worker, options.size, options.repeats, options.warmup, options.grads_file)))
         return
 
-    labels = list(options.sizes) + (["compiled dispatch-bound"] if options.compiled else [])
-    header_done = False
+    labels = list(options.sizes)
+    if options.compiled:
+        compiled_sizes = [size for size in COMPILED_SIZES if size in options.sizes] or ["dispatch-bound"]
+        labels += [f"compiled {size}" for size in compiled_sizes]
+    if "decoder" in options.sizes and not has_torch_remat():
+        print(f"note: {REMAT} is not installed; its variants are skipped (pip install torch-remat to add them)\n")
+    headers_done = set()
     for label in labels:
-        batch, seq, dim, heads, ffn = SIZES[label.removeprefix("compiled ")]
+        size = label.removeprefix("compiled ")
+        batch, seq, dim, heads, ffn = SIZES[size]
         repeats = options.repeats * (5 if label.endswith("dispatch-bound") else 1)
         wall, cpu, saved, version = measure(label, repeats, options.warmup, options.rounds)
-        if not header_done:
+        if size == "decoder" and "decoder" not in headers_done:
+            headers_done.add("decoder")
+            print(
+                f"\n{LAYERS}-block llama-style decoder (RMSNorm, causal SDPA, SwiGLU, bias-free linears), "
+                f"CPU float32, 1 thread, torch {version}; median of fwd+bwd steps over alternating worker "
+                "processes (baselines without aliasguard imported); SAC policy: torchtitan's (its save list, "
+                f"every second mm recomputed), aliasguard's given ops= its {len(decoder_model.DISPATCHER_SAVE_LIST)} "
+                "dispatcher ops; torch_remat saves the same projections (wq, wv, w1, w2) as regions; ratios "
+                "are to torch's SAC with that policy"
+            )
+        elif size != "decoder" and "transformer" not in headers_done:
+            headers_done.add("transformer")
             print(
                 f"{LAYERS}-layer pre-norm transformer, CPU float32, 1 thread, torch {version}; "
                 "median of fwd+bwd steps over alternating worker processes (baselines "
@@ -452,8 +620,7 @@ def main() -> None:
                 "(policy fn: the same, but every second addmm recomputed, torchtitan-style); each SAC "
                 "row's ratios are to torch's SAC with the same policy"
             )
-            header_done = True
-        samples = len(wall[COMPILED_STOCK[0] if label.startswith("compiled ") else "torch SAC"])
+        samples = len(wall[table_bases(label, "")[0]])
         saved_kind = (
             "saved = distinct storages autograd saved (saved_tensors_hooks)"
             if label.startswith("compiled ")

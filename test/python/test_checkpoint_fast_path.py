@@ -733,3 +733,42 @@ def test_where_another_library_holds_the_guards_key_the_modes_refuse_the_write()
         """
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.describe()
+
+
+def test_a_higher_order_op_runs_in_a_fast_path_region_with_the_same_gradients():
+    # The write guard's key is on while the region runs; torch.cond computes its key in Python.
+    def fn(x):
+        y = torch.mm(x, x)
+        return torch.cond(y.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (y,))
+
+    x = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+    expected = grads_of(fn, (x,))
+    got = grads_of(lambda t: checkpoint(fn, t, policy=[aten.mm.default]), (x,))
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_uninstall_gives_higher_order_ops_the_write_guards_key_back():
+    from subprocess_snippets import run_snippet
+
+    result = run_snippet(
+        """
+        import torch
+        import aliasguard
+        from aliasguard._torch_internals import write_guard_key_set
+        from aliasguard.checkpoint import checkpoint
+        cond = torch.ops.higher_order.cond
+        key = repr(write_guard_key_set())
+        def has_key():
+            return repr(cond.non_fallthrough_keys & write_guard_key_set()) == key
+        assert has_key()
+        x = torch.randn(3, 3, requires_grad=True)
+        fn = lambda t: torch.cond(t.sum() > 0, torch.sin, torch.cos, (torch.mm(t, t),))
+        checkpoint(fn, x, policy=[torch.ops.aten.mm.default]).sum().backward()
+        assert not has_key()
+        aliasguard.uninstall()
+        assert has_key()
+        print("ok")
+        """
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.describe()
