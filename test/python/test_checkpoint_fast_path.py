@@ -772,3 +772,29 @@ def test_uninstall_gives_higher_order_ops_the_write_guards_key_back():
         """
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.describe()
+
+
+def test_the_first_fast_path_region_registers_its_kernels_without_a_warning():
+    from subprocess_snippets import run_snippet
+
+    # In a fresh process the first region registers the cache kernels and the write guard's: no
+    # "Overriding a previously registered kernel" or any other warning, from Python or from C++.
+    result = run_snippet(
+        """
+        import warnings
+        import torch
+        import aliasguard
+        from aliasguard import _C
+        from aliasguard.checkpoint import checkpoint
+        assert _C._sac_write_guard_num_kernels() == 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x = torch.randn(3, 3, requires_grad=True)
+            checkpoint(lambda t: torch.mm(t, t).sin(), x, policy=[torch.ops.aten.mm.default]).sum().backward()
+        assert _C._sac_write_guard_num_kernels() > 100
+        assert not caught, [str(w.message) for w in caught]
+        print("ok")
+        """
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.describe()
+    assert "Overriding" not in result.stderr and "Warning" not in result.stderr, result.stderr[-2000:]
