@@ -342,13 +342,14 @@ void audit_aliasing_borrowed(
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter,
-    AuditAllowances allowances) {
+    AuditAllowances allowances,
+    bool judge_wrapper_views) {
   audit_returns(
       analysis,
       args,
       rets,
       views_share_version_counter,
-      /*judge_wrapper_views=*/false,
+      judge_wrapper_views,
       allowances);
 }
 

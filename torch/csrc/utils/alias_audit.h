@@ -34,15 +34,16 @@ struct AuditAllowances {
   // A view return that does not share its input's storage is a copy.
   bool view_may_be_a_copy = false;
 };
+// With `judge_wrapper_views`, see Note [Wrapper views judged by their inner
+// tensors].
 ALIASGUARD_API void audit_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
     bool views_share_version_counter,
-    AuditAllowances allowances);
-// The same on boxed values, as the audit fallback has them; with
-// `judge_wrapper_views`, see Note [Wrapper views judged by their inner
-// tensors].
+    AuditAllowances allowances,
+    bool judge_wrapper_views = false);
+// The same on boxed values, as the audit fallback has them.
 ALIASGUARD_API void audit_aliasing(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<c10::IValue> args,
@@ -138,9 +139,13 @@ ALIASGUARD_API void report_diverged_inner_copies();
 // traceable) is reported as view_storage. The check of a __torch_dispatch__
 // result (below autograd) does not judge: there a wrapper view with a
 // placeholder of its own also has a counter of its own, which correction
-// repairs, and a class that opted out of correction is reported for it. The
-// judge returns whether it judged the pair; it throws what audit_inner_view
-// throws.
+// repairs, and a class that opted out of correction is reported for it.
+// Except where correction leaves a wrapper view its own placeholder on
+// purpose, because no kernel above will mark it a view (inference mode, a
+// body nested in an untracked one: Note [A wrapper view made under an
+// untracked body]): the corrected result is judged as the fallback judges.
+// The judge returns whether it judged the pair; it throws what
+// audit_inner_view throws.
 using WrapperViewJudge = bool (*)(
     const AliasSite& site,
     const at::Tensor& input,

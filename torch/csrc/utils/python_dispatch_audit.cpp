@@ -22,7 +22,8 @@ void check_only(
     PyObject* args,
     PyObject* kwargs,
     PyObject* out,
-    bool views_share_version_counter) {
+    bool views_share_version_counter,
+    bool judge_wrapper_views = false) {
   const SchemaAliasAnalysis& analysis = *entry.analysis;
   if (analysis.returns().empty()) {
     return;
@@ -43,7 +44,8 @@ void check_only(
       arguments,
       results,
       views_share_version_counter,
-      AuditAllowances{entry.fresh_return_may_alias, entry.view_may_be_a_copy});
+      AuditAllowances{entry.fresh_return_may_alias, entry.view_may_be_a_copy},
+      judge_wrapper_views);
 }
 
 // Note [Auditing a __torch_dispatch__ result]
@@ -221,7 +223,9 @@ PyObject* audited_result(
           args,
           kwargs,
           result.ptr(),
-          /*views_share_version_counter=*/true);
+          /*views_share_version_counter=*/true,
+          // See Note [Wrapper views judged by their inner tensors].
+          /*judge_wrapper_views=*/options.no_kernel_above_marks_views);
       audit_inner_views(entry, args, kwargs, result.ptr());
     } catch (const AliasingError& error) {
       remaining = error;
