@@ -798,3 +798,22 @@ def test_the_first_fast_path_region_registers_its_kernels_without_a_warning():
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.describe()
     assert "Overriding" not in result.stderr and "Warning" not in result.stderr, result.stderr[-2000:]
+
+
+def test_a_function_compiled_inside_a_fast_path_region_compiles_once_more():
+    # design.md lists it: dynamo's tensor guards read the thread's include set, which holds the write
+    # guard's key in the forward region only, so the recompute compiles the function again.
+    from torch._dynamo.testing import CompileCounter
+
+    frames = {}
+    for guard in (True, False):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(lambda t: t.sin() * 2, backend=counter)
+        x = torch.randn(3, 3, requires_grad=True)
+        out = checkpoint(lambda t, f=compiled: f(torch.mm(t, t)), x, policy=[aten.mm.default],
+                         allow_cache_entry_mutation=not guard)
+        out.sum().backward()
+        frames[guard] = counter.frame_count
+    torch._dynamo.reset()
+    assert frames[True] == frames[False] + 1, frames
