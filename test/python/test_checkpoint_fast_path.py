@@ -20,13 +20,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 import aliasguard.checkpoint as ours
+from aliasguard.testing import StorageTracker
 from aliasguard import _C
 from aliasguard.checkpoint import CheckpointMutationError, checkpoint
 
@@ -110,32 +109,12 @@ def test_cached_ops_are_not_run_again_in_the_recompute():
     assert calls["mm"] == 3
 
 
-class StorageTracker(TorchDispatchMode):
-    """Storages made in the forward pass that are still alive after it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.storages: Dict[int, Tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                self.storages.setdefault(s._cdata, (StorageWeakRef(s), s.nbytes()))
-        return out
-
-    def live_bytes(self, exclude: Tuple[torch.Tensor, ...]) -> int:
-        excluded = {t.untyped_storage()._cdata for t in exclude}
-        return sum(n for key, (ref, n) in self.storages.items() if not ref.expired() and key not in excluded)
-
-
 def saved_bytes(context_fn: Callable[[], Any], inputs: Tuple[torch.Tensor, ...]) -> int:
     """Bytes the forward pass of a checkpointed ``block`` leaves alive for the backward."""
     tracker = StorageTracker()
     with tracker:
         out = torch_checkpoint.checkpoint(block, *inputs, use_reentrant=False, context_fn=context_fn).sum()
-    live = tracker.live_bytes((out, *inputs))
+    live = sum(tracker.live((out, *inputs)).values())
     out.backward()
     return live
 

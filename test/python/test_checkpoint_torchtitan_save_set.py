@@ -29,12 +29,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 import aliasguard.checkpoint as ours
+from aliasguard.testing import StorageTracker
 
 aten = torch.ops.aten
 HIGHER_ORDER_NAMES = ("flex_attention", "inductor_compiled_code")
@@ -217,26 +216,6 @@ def test_the_policy_is_asked_what_torch_asks_about_the_listed_ops_with_the_same_
     assert answers["MUST_SAVE"] > 0 and answers["PREFER_RECOMPUTE"] > 0  # every second mm
 
 
-class StorageTracker(TorchDispatchMode):
-    """Storages made under it; the bytes of those still alive."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.storages: Dict[int, Tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                self.storages.setdefault(storage._cdata, (StorageWeakRef(storage), storage.nbytes()))
-        return out
-
-    def live_bytes(self, exclude: List[torch.Tensor]) -> int:
-        excluded = {t.untyped_storage()._cdata for t in exclude}
-        return sum(n for key, (ref, n) in self.storages.items() if not ref.expired() and key not in excluded)
-
-
 def saved_bytes(context_fn: Optional[Callable[[], Any]]) -> int:
     """Bytes the forward pass leaves alive for the backward (autograd's saved tensors and SAC's cache)."""
     blocks, x = blocks_and_input(2)
@@ -246,7 +225,7 @@ def saved_bytes(context_fn: Optional[Callable[[], Any]]) -> int:
         for block in blocks:
             y = torch_checkpoint.checkpoint(block, y, use_reentrant=False, context_fn=context_fn)
         loss = y.pow(2).mean()
-    live = tracker.live_bytes([loss, x, *blocks.parameters()])
+    live = sum(tracker.live((loss, x, *blocks.parameters())).values())
     loss.backward()
     return live
 
