@@ -27,9 +27,11 @@ as ``aliasguard.uninstall``) puts back exactly what was there before. What
   pass-throughs, and taking them out could fail another thread's dispatch
   (Note [Fast path registrations are kept] in
   ``selective_checkpoint_fast_path.cpp``); so do its write guard's kernels.
-  The write guard's key, removed from higher-order operators' sets when
-  fast-path regions were made (:func:`let_higher_order_ops_skip_write_guard`),
-  is put back.
+  Before a checkpoint region is made, higher-order operators created since
+  the last region are prepared for it (:func:`prepare_higher_order_ops_for_checkpoint`):
+  the write guard's key is removed from their sets and torch's SAC-mode
+  rules are registered for aliasguard's checkpoint modes; both are put back
+  (the key) and taken out (the rules).
 
 :func:`uninstall` runs while no ``__torch_dispatch__`` body, ``track_views()``
 or ``with_tracking()`` scope runs on any thread: it waits for those running
@@ -73,7 +75,10 @@ from aliasguard._torch_internals import (
     disabled_torch_dispatch_impl,
     higher_order_ops,
     is_tracing_infrastructure,
+    mode_rule,
     num_higher_order_ops,
+    register_mode_rule,
+    unregister_mode_rule,
     write_guard_key_set,
 )
 
@@ -83,8 +88,8 @@ __all__ = [
     "install",
     "install_on",
     "is_installed",
-    "let_higher_order_ops_skip_write_guard",
     "patch_thread_bootstrap",
+    "prepare_higher_order_ops_for_checkpoint",
     "require_installed",
     "uninstall",
     "unpatch_thread_bootstrap",
@@ -131,11 +136,14 @@ class _State:
     hop_scopes = 0
     hop_changed: List[Any] = []
     hop_init: object = _MISSING
-    # higher-order operators: how many existed when the write guard's key was
-    # last removed from them, and those it was removed from (Note
-    # [Higher-order operators in a fast-path region])
-    guard_hops_seen = -1
-    guard_hops_changed: List[Any] = []
+    # higher-order operators prepared for checkpoint regions: how many existed
+    # at the last scan, those the write guard's key was removed from (Note
+    # [Higher-order operators in a fast-path region]), and the (operator,
+    # mode type) rules registered (Note [Higher-order operators in the modes]
+    # in checkpoint.py)
+    checkpoint_hops_seen = -1
+    guard_key_removed_from: List[Any] = []
+    mode_rules_registered: List[Tuple[Any, type]] = []
 
 
 def is_installed() -> bool:
@@ -429,7 +437,7 @@ def _uninstall_locked() -> None:
             else:
                 torch.mark_as_view = before  # type: ignore[attr-defined]
     _C._set_alias_audit_reporter(None)
-    _give_higher_order_ops_the_write_guard_key_back()
+    _undo_checkpoint_preparation_of_higher_order_ops()
     _C._set_alias_correction(False)
     _C._set_detach_keep_version_counter(False)
     # Registered on the first tracked body; a later track_views() scope
@@ -561,15 +569,23 @@ def exit_higher_order_op_scope() -> None:
 # with the audit's key (Note [Higher-order operators under an audit]). No
 # operator has a rule for this key where the guard can run (a library that
 # registers on it makes the guard unavailable), so the key is simply removed
-# from each operator's set, before a fast-path region is made, for the
-# operators created since the last time (counted, so the usual call costs a
-# len()); uninstall() puts it back where it was removed. An operator created
-# inside a region is not seen before the next one.
+# from each operator's set. The same scan registers torch's SAC-mode rules
+# for aliasguard's modes (Note [Higher-order operators in the modes] in
+# checkpoint.py). It runs before each checkpoint region is made, for the
+# operators created since the last scan (counted, so the usual call costs a
+# len()); uninstall() undoes both. An operator created inside a region is not
+# seen before the next one.
 
 
-def let_higher_order_ops_skip_write_guard() -> None:
-    """Remove the write guard's key from the sets of higher-order operators created since the last call."""
-    if num_higher_order_ops() == _State.guard_hops_seen:
+def prepare_higher_order_ops_for_checkpoint(mode_types: Tuple[Tuple[type, type], ...]) -> None:
+    """Ready the higher-order operators created since the last call for checkpoint regions.
+
+    Removes the write guard's key from their sets, and for each ``(torch's
+    mode type, ours)`` pair in ``mode_types`` registers the rule an operator
+    has for torch's type for ours too (where ours has none). See Note
+    [Higher-order operators in a fast-path region]. Undone by :func:`uninstall`.
+    """
+    if num_higher_order_ops() == _State.checkpoint_hops_seen:
         return
     with _State.lock:
         key = write_guard_key_set()
@@ -578,16 +594,24 @@ def let_higher_order_ops_skip_write_guard() -> None:
             keys = op.non_fallthrough_keys
             if (keys - key) != keys:
                 op.non_fallthrough_keys = keys - key
-                _State.guard_hops_changed.append(op)
-        _State.guard_hops_seen = len(ops)
+                _State.guard_key_removed_from.append(op)
+            for theirs, ours in mode_types:
+                rule = mode_rule(op, theirs)
+                if rule is not None and mode_rule(op, ours) is None:
+                    register_mode_rule(op, ours, rule)
+                    _State.mode_rules_registered.append((op, ours))
+        _State.checkpoint_hops_seen = len(ops)
 
 
-def _give_higher_order_ops_the_write_guard_key_back() -> None:
+def _undo_checkpoint_preparation_of_higher_order_ops() -> None:
     key = write_guard_key_set()
-    for op in _State.guard_hops_changed:
+    for op in _State.guard_key_removed_from:
         op.non_fallthrough_keys = op.non_fallthrough_keys | key
-    _State.guard_hops_changed = []
-    _State.guard_hops_seen = -1
+    for op, mode_type in _State.mode_rules_registered:
+        unregister_mode_rule(op, mode_type)
+    _State.guard_key_removed_from = []
+    _State.mode_rules_registered = []
+    _State.checkpoint_hops_seen = -1
 
 
 def higher_order_op_scopes() -> int:

@@ -42,6 +42,7 @@ __all__ = [
     "mode_rule",
     "num_higher_order_ops",
     "register_mode_rule",
+    "unregister_mode_rule",
     "write_guard_key_set",
     "checkpoint_error_type",
     "current_user_saved_tensors_hooks",
@@ -253,6 +254,12 @@ def mode_rule(op: Any, mode_type: type) -> Optional[Callable[..., Any]]:
 def register_mode_rule(op: Any, mode_type: type, rule: Callable[..., Any]) -> None:
     """Make ``rule`` what ``op`` runs for a dispatch mode of exactly ``mode_type``."""
     op.py_impl(mode_type)(rule)
+
+
+def unregister_mode_rule(op: Any, mode_type: type) -> None:
+    """Take back what :func:`register_mode_rule` registered for ``mode_type`` (HOPs cache their lookups)."""
+    op.python_key_table.pop(mode_type, None)
+    op._dispatch_cache.clear()
 
 
 # Note [Selective checkpointing internals]
@@ -578,8 +585,11 @@ def _check_python_internals() -> List[str]:
     )
     expect(
         "HigherOrderOperator.python_key_table / py_impl",
-        lambda: all(isinstance(op.python_key_table, dict) and callable(op.py_impl) for op in higher_order_ops()),
-        "no longer hold a higher-order operator's rules per mode type",
+        lambda: all(
+            isinstance(op.python_key_table, dict) and callable(op.py_impl) and isinstance(op._dispatch_cache, dict)
+            for op in higher_order_ops()
+        ),
+        "no longer hold a higher-order operator's rules per mode type, or its cache of lookups",
     )
     expect(
         "torch._C.DispatchKeySet('DeferredInit')",

@@ -108,10 +108,6 @@ from aliasguard._torch_internals import (
     OpOverloadPacket,
     TorchDispatchMode,
     checkpoint_error_type,
-    higher_order_ops,
-    mode_rule,
-    num_higher_order_ops,
-    register_mode_rule,
     tree_flatten,
     tree_map,
     tree_unflatten,
@@ -519,35 +515,16 @@ _CachedMode.__torch_dispatch__ = _C._sac_recompute_dispatch
 # modes derive from torch's but are other types, so without registrations of
 # their own each of those HOPs raised NotImplementedError ("There was no rule
 # registered for HigherOrderOperator ...") inside our region, e.g. eager
-# flex_attention. _follow_torch_hop_rules gives our mode types torch's
-# handler for every HOP that has one: at import, and again whenever the mode
-# path builds its contexts after more HOPs were made (a module imported
-# later, a user's HOP). A HOP torch's modes have no handler for fails on
-# both alike. The C++ dispatch then treats the HOP as a pure op, counted per
-# HOP object; torch counts inductor_compiled_code per compiled callable
+# flex_attention. Before each region is made,
+# _install.prepare_higher_order_ops_for_checkpoint gives our mode types
+# torch's handler for every HOP that has one and was made since the last
+# region (a module imported later, a user's HOP); uninstall() takes them
+# out. A HOP torch's modes have no handler for fails on both alike. The C++
+# dispatch then treats the HOP as a pure op, counted per HOP object; torch
+# counts inductor_compiled_code per compiled callable
 # (torch.utils.checkpoint._sac_storage_key), which differs only when the
 # recompute skips a compiled region the forward pass ran.
-_HOPS_FOLLOWED = [0]  # how many HOPs existed when the rules were last copied
-
-
-def _follow_torch_hop_rules() -> None:
-    """Register torch's SAC-mode handler of every HOP that has one for our modes too.
-
-    See Note [Higher-order operators in the modes].
-    """
-    if num_higher_order_ops() == _HOPS_FOLLOWED[0]:
-        return
-    hops = higher_order_ops()
-    pairs = ((_semantics.TorchCachingMode, _CachingMode), (_semantics.TorchCachedMode, _CachedMode))
-    for hop in hops:
-        for theirs, ours in pairs:
-            rule = mode_rule(hop, theirs)
-            if rule is not None and mode_rule(hop, ours) is None:
-                register_mode_rule(hop, ours, rule)
-    _HOPS_FOLLOWED[0] = len(hops)
-
-
-_follow_torch_hop_rules()
+_HOP_MODE_TYPES = ((_semantics.TorchCachingMode, _CachingMode), (_semantics.TorchCachedMode, _CachedMode))
 
 
 class _FastForwardContext:
@@ -711,7 +688,7 @@ def _fast_path_contexts(
         ops.append((name, overload, op))
         by_name[f"{name}.{overload}" if overload else name] = op
     # See Note [Higher-order operators in a fast-path region] in _install.py.
-    _install.let_higher_order_ops_skip_write_guard()
+    _install.prepare_higher_order_ops_for_checkpoint(_HOP_MODE_TYPES)
     state = _C._sac_fast_new_state(ops, bool(allow_cache_entry_mutation), policy_fn)
     forward = _FastForwardContext(state, by_name)
     return forward, _FastRecomputeContext(state, forward)
@@ -905,7 +882,7 @@ def create_selective_checkpoint_contexts(
             _coercing(policy_fn) if policy_fn is not None else list(saved_ops),
             allow_cache_entry_mutation,
         )
-    _follow_torch_hop_rules()
+    _install.prepare_higher_order_ops_for_checkpoint(_HOP_MODE_TYPES)
     state = _C._sac_new_state(
         policy_fn,
         saved_ops,

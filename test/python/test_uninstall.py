@@ -46,6 +46,13 @@ def snapshot():
         "mark_as_view": "mark_as_view" in vars(torch),
         "bootstrap": threading.Thread._bootstrap_inner,
         "hops": {name: op.non_fallthrough_keys.raw_repr() for name, op in torch._ops._higher_order_ops.items()},
+        # rules for aliasguard's types only: torch registers its own lazily (DTensor's on import)
+        "hop_rules": {
+            name: sorted(
+                f"{k.__module__}.{k.__qualname__}" for k in op.python_key_table if k.__module__.startswith("aliasguard")
+            )
+            for name, op in torch._ops._higher_order_ops.items()
+        },
         "detach_dump": torch._C._dispatch_dump("aten::detach"),
         "detach_keys": [k for k in DENSE_KEYS if torch._C._dispatch_has_kernel_for_dispatch_key("aten::detach", k)],
     }
@@ -68,6 +75,9 @@ def differences(before, after):
     for name, keys in before["hops"].items():
         if after["hops"].get(name) != keys:
             found.append(f"HOP {name}: {keys} -> {after['hops'].get(name)}")
+    for name, rules in before["hop_rules"].items():
+        if after["hop_rules"].get(name) != rules:
+            found.append(f"HOP {name} rules: {rules} -> {after['hop_rules'].get(name)}")
     return found
 """
 
@@ -131,6 +141,19 @@ with aliasguard.audit(), _audit_new_threads(aliasguard.AuditReport()):
     torch.cond(torch.tensor(True), lambda t: t.sin(), lambda t: t.cos(), (torch.ones(2),))
     thread = threading.Thread(target=lambda: torch.ones(2).view(2))
     thread.start(); thread.join()
+
+# Checkpoint regions on both paths: the higher-order operators lose the write
+# guard's key and gain rules for aliasguard's modes, both taken back below.
+from aliasguard.checkpoint import checkpoint
+x = torch.randn(3, 3, requires_grad=True)
+fn = lambda t: torch.cond(t.sum() > 0, torch.sin, torch.cos, (torch.mm(t, t),))
+checkpoint(fn, x, policy=[torch.ops.aten.mm.default]).sum().backward()
+checkpoint(lambda t: torch.mm(t, t).sin(), x, policy=[torch.ops.aten.mm.default], fast_path=False).sum().backward()
+prepared = snapshot()
+assert prepared["hops"] != before["hops"], "no higher-order operator lost the write guard's key"
+assert any(
+    "aliasguard" in rule for rules in prepared["hop_rules"].values() for rule in rules
+), "no higher-order operator has a rule for aliasguard's modes"
 
 aliasguard.uninstall()
 after = snapshot()
