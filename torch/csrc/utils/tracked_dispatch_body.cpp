@@ -71,7 +71,7 @@ namespace aliasguard::utils {
 // set_version (the setter behind torch's _unsafe_set_version_counter), in
 // aliasguard::WrittenVersions.
 
-TrackedDispatchBody::TrackedDispatchBody(
+ALIASGUARD_HOT TrackedDispatchBody::TrackedDispatchBody(
     const void* op,
     const OpCorrectionInfo* info,
     bool correct,
@@ -106,7 +106,7 @@ TrackedDispatchBody::TrackedDispatchBody(
 }
 
 // See Note [One bump per write through __torch_dispatch__]
-void TrackedDispatchBody::settle() {
+ALIASGUARD_HOT void TrackedDispatchBody::settle() {
   if (written_.empty()) {
     return;
   }
