@@ -24,5 +24,8 @@
 // places together in .text.hot, and the rare branches inside them (first
 // use, a cache flush) are ALIASGUARD_COLD functions of their own, placed in
 // .text.unlikely, so the lines the common case runs are few and adjacent.
+// The boxed kernels selective checkpointing's fast path runs for every op of
+// a region (fast_path_kernel, write_guard_kernel) are marked the same way,
+// their registration sweeps cold.
 #define ALIASGUARD_HOT __attribute__((hot))
 #define ALIASGUARD_COLD __attribute__((cold, noinline))
