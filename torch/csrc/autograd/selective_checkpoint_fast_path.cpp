@@ -120,7 +120,7 @@ void run_in_regions(
 // as) would not see it either.
 thread_local bool handling_op = false;
 
-void fast_path_kernel(
+ALIASGUARD_HOT void fast_path_kernel(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {

@@ -69,7 +69,7 @@ void check_value(
   }
 }
 
-void write_guard_kernel(
+ALIASGUARD_HOT void write_guard_kernel(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
@@ -114,7 +114,7 @@ std::string foreign_fallback_reason() {
          "[The checkpoint write guard's dispatch key])";
 }
 
-void register_kernels_locked(GuardKernels& kernels) {
+ALIASGUARD_COLD void register_kernels_locked(GuardKernels& kernels) {
   auto& dispatcher = c10::Dispatcher::singleton();
   if (!kernels.fallback) {
     if (dispatcher.hasBackendFallbackForDispatchKey(kGuardKey)) {

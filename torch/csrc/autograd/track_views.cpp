@@ -35,7 +35,7 @@ thread_local std::vector<WeakTensorImpl> views_made;
 thread_local std::vector<OpenScope> open_scopes;
 
 // See Note [Views made below autograd build their grad_fn from their base]
-void remember_if_made_below_autograd(const at::Tensor& tensor) {
+ALIASGUARD_HOT void remember_if_made_below_autograd(const at::Tensor& tensor) {
   if (tensor.defined() &&
       internals::autograd_meta_kind(tensor) ==
           internals::AutogradMetaKind::kView) {
@@ -43,7 +43,7 @@ void remember_if_made_below_autograd(const at::Tensor& tensor) {
   }
 }
 
-void remember_view_returns(
+ALIASGUARD_HOT void remember_view_returns(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet dispatch_keys,
     torch::jit::Stack* stack) {
@@ -81,7 +81,7 @@ void run_kernel_untracked(
 // The key's fallback: the ops without a kernel of their own at the key, the
 // opaque ones the kernels were registered for and any op defined after that
 // (Note [Ops registered after the tracked views' kernels]).
-void run_body_call(
+ALIASGUARD_HOT void run_body_call(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet dispatch_keys,
     torch::jit::Stack* stack) {
@@ -115,11 +115,9 @@ MarkerKernels& marker_kernels() {
 }
 [[maybe_unused]] const MarkerKernels& kernels_at_load = marker_kernels();
 
-void register_marker_kernels() {
+// Once per process (and after each release): see enable_view_tracking.
+ALIASGUARD_COLD void register_marker_kernels() {
   MarkerKernels& kernels = marker_kernels();
-  if (kernels.registered.load(std::memory_order_acquire)) {
-    return;
-  }
   const std::lock_guard<std::mutex> lock(kernels.mutex);
   if (kernels.registered.load(std::memory_order_relaxed)) {
     return;
@@ -189,13 +187,15 @@ void mark_views_made_since(size_t first) {
 } // namespace
 
 // See Note [Tracking views below autograd]
-bool enable_view_tracking() {
+ALIASGUARD_HOT bool enable_view_tracking() {
   // See Note [Thread-local dispatch key state]
   internals::LocalDispatchKeys keys = internals::local_dispatch_keys();
   const bool was_excluded =
       keys.excluded.has(c10::DispatchKey::ADInplaceOrView);
   if (was_excluded) {
-    register_marker_kernels();
+    if (!marker_kernels().registered.load(std::memory_order_acquire)) {
+      register_marker_kernels();
+    }
     open_scopes.push_back(
         {views_made.size(),
          keys.included.has(kMarkerKey),
@@ -208,7 +208,7 @@ bool enable_view_tracking() {
   return was_excluded;
 }
 
-void restore_view_tracking(bool was_excluded) {
+ALIASGUARD_HOT void restore_view_tracking(bool was_excluded) {
   internals::LocalDispatchKeys keys = internals::local_dispatch_keys();
   keys.excluded = was_excluded
       ? keys.excluded.add(c10::DispatchKey::ADInplaceOrView)

@@ -462,7 +462,7 @@ void audit_inner_view(
   }
 }
 
-bool is_alias_audit_enabled() {
+ALIASGUARD_HOT bool is_alias_audit_enabled() {
   return internals::is_dispatch_key_included(internals::kAuditDispatchKey);
 }
 

@@ -236,7 +236,7 @@ size_t alias_audit_scopes() {
   return registration.scopes;
 }
 
-ReportedViolationMark reported_violation_mark() {
+ALIASGUARD_HOT ReportedViolationMark reported_violation_mark() {
   return ReportedViolationMark{reported_epoch};
 }
 

@@ -475,7 +475,7 @@ void apply(const Plan& plan) {
 
 } // namespace
 
-void correct_aliasing_borrowed(
+ALIASGUARD_HOT void correct_aliasing_borrowed(
     const SchemaAliasAnalysis& analysis,
     c10::ArrayRef<OpValueRef> args,
     c10::ArrayRef<OpValueRef> rets,
@@ -498,7 +498,7 @@ void correct_aliasing_borrowed(
   apply(plan);
 }
 
-void correct_view_return(
+ALIASGUARD_HOT void correct_view_return(
     const SchemaAliasAnalysis& analysis,
     size_t return_index,
     const at::Tensor& input,

@@ -56,7 +56,7 @@ RememberedOptOut& remembered_slot(PyTypeObject* type, PyObject* attribute) {
 } // namespace
 
 // See Note [Class attribute lookup without descriptors]
-bool owner_opted_out(PyObject* owner, PyObject* attribute) {
+ALIASGUARD_HOT bool owner_opted_out(PyObject* owner, PyObject* attribute) {
   PyTypeObject* type = PyType_Check(owner)
       ? reinterpret_cast<PyTypeObject*>(owner)
       : Py_TYPE(owner);
@@ -81,7 +81,7 @@ bool owner_opted_out(PyObject* owner, PyObject* attribute) {
   return is_false == 1;
 }
 
-PyObject* correct_result(
+ALIASGUARD_HOT PyObject* correct_result(
     const PyOpEntry& entry,
     PyObject* args,
     PyObject* kwargs,
@@ -165,7 +165,7 @@ PyObject* correct_result(
   return result;
 }
 
-bool correct_sole_view(
+ALIASGUARD_HOT bool correct_sole_view(
     const PyOpEntry& entry,
     PyObject* args,
     PyObject* out,
@@ -188,7 +188,7 @@ bool correct_sole_view(
   return true;
 }
 
-bool correction_applies(PyObject* owner) {
+ALIASGUARD_HOT bool correction_applies(PyObject* owner) {
   // See Note [Tracing infrastructure is left alone] and Note [make_fx
   // tracing is seen through fx's flag].
   return correction_enabled.load(std::memory_order_relaxed) &&
@@ -196,7 +196,7 @@ bool correction_applies(PyObject* owner) {
       !tracing_infrastructure_active() && !internals::fx_tracing_active();
 }
 
-PyObject* corrected_result(
+ALIASGUARD_HOT PyObject* corrected_result(
     PyObject* owner,
     PyObject* func,
     const PyOpEntry* known_entry,

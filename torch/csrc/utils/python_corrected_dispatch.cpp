@@ -40,7 +40,7 @@ struct CorrectedDispatch {
 
 PyTypeObject CorrectedDispatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* corrected_dispatch_call(
+ALIASGUARD_HOT PyObject* corrected_dispatch_call(
     PyObject* callable,
     PyObject* const* argv,
     size_t nargsf,
@@ -151,7 +151,7 @@ void corrected_dispatch_dealloc(PyObject* obj) {
 }
 
 // Binds like a function: a method of its instance, itself on the class.
-PyObject* corrected_dispatch_get(
+ALIASGUARD_HOT PyObject* corrected_dispatch_get(
     PyObject* self,
     PyObject* obj,
     PyObject* /*type*/) {

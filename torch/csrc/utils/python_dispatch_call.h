@@ -27,27 +27,18 @@ struct TorchDispatchArguments {
   bool too_many_positional = false;
 };
 
-// `bound_owner`: the owner when the callable carries it (the staticmethod
-// form, which receives no class); else argv[0] is the owner.
-inline TorchDispatchArguments read_torch_dispatch_arguments(
+// The keywords of a call (torch passes every argument by position; Python
+// code may not). Out of line, so that the positional case every dispatched
+// op takes stays short (Note [Hot path layout]).
+[[gnu::noinline]] inline void read_torch_dispatch_keywords(
     PyObject* const* argv,
     Py_ssize_t nargs,
     PyObject* kwnames,
-    PyObject* bound_owner) {
+    std::array<PyObject*, 5>& values,
+    TorchDispatchArguments& read) {
   static constexpr std::array<std::string_view, 5> kNames = {
       "self", "func", "types", "args", "kwargs"};
-  std::array<PyObject*, 5> values{};
-  const Py_ssize_t shift = bound_owner != nullptr ? 1 : 0;
-  TorchDispatchArguments read;
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    if (i + shift >= static_cast<Py_ssize_t>(values.size())) {
-      read.too_many_positional = true;
-      break;
-    }
-    values[i + shift] = argv[i];
-  }
-  const Py_ssize_t num_keywords =
-      kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  const Py_ssize_t num_keywords = PyTuple_GET_SIZE(kwnames);
   for (Py_ssize_t k = 0; k < num_keywords; ++k) {
     PyObject* name = PyTuple_GET_ITEM(kwnames, k);
     bool known = false;
@@ -60,6 +51,28 @@ inline TorchDispatchArguments read_torch_dispatch_arguments(
     if (!known && read.unknown_keyword == nullptr) {
       read.unknown_keyword = name;
     }
+  }
+}
+
+// `bound_owner`: the owner when the callable carries it (the staticmethod
+// form, which receives no class); else argv[0] is the owner.
+inline TorchDispatchArguments read_torch_dispatch_arguments(
+    PyObject* const* argv,
+    Py_ssize_t nargs,
+    PyObject* kwnames,
+    PyObject* bound_owner) {
+  std::array<PyObject*, 5> values{};
+  const Py_ssize_t shift = bound_owner != nullptr ? 1 : 0;
+  TorchDispatchArguments read;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    if (i + shift >= static_cast<Py_ssize_t>(values.size())) {
+      read.too_many_positional = true;
+      break;
+    }
+    values[i + shift] = argv[i];
+  }
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
+    read_torch_dispatch_keywords(argv, nargs, kwnames, values, read);
   }
   read.owner = bound_owner != nullptr ? bound_owner : values[0];
   read.func = values[1];

@@ -4,6 +4,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/python_torch_internals.h>
 
+#include <array>
+#include <cstdint>
 #include <unordered_map>
 #include <utility>
 
@@ -22,11 +24,22 @@ namespace aliasguard::utils {
 // no Py_DECREF runs after interpreter shutdown.
 namespace {
 
+// Direct-mapped in front of `entries`, by the key's address: the entry of the
+// op last seen in each slot, checked before the hash map (whose lookup is a
+// division and two dependent loads on every corrected op). Emptied whenever
+// `entries` is; an entry stays where `entries` owns it, so a slot never
+// outlives it.
+struct RecentOp {
+  PyObject* func = nullptr;
+  const PyOpEntry* entry = nullptr;
+};
+
 struct PyOpCache {
   std::unordered_map<PyObject*, std::unique_ptr<const PyOpEntry>> entries;
   std::vector<std::unique_ptr<const PyOpEntry>> retired;
   uint64_t generation = 0;
   int running = 0; // corrections in progress, re-entrant through Python
+  std::array<RecentOp, 64> recent{};
 };
 
 PyOpCache& py_op_cache() {
@@ -34,36 +47,27 @@ PyOpCache& py_op_cache() {
   return *cache;
 }
 
-} // namespace
-
-RunningCorrection::RunningCorrection() {
-  ++py_op_cache().running;
+RecentOp& recent_slot(PyOpCache& cache, PyObject* func) {
+  // Python objects are 16-byte aligned.
+  return cache
+      .recent[(reinterpret_cast<uintptr_t>(func) >> 4) % cache.recent.size()];
 }
 
-RunningCorrection::~RunningCorrection() {
-  PyOpCache& cache = py_op_cache();
-  if (--cache.running == 0 && !cache.retired.empty()) {
+// The C++ cache dropped an operator: start over (see the Note above).
+ALIASGUARD_COLD void flush(PyOpCache& cache, uint64_t generation) {
+  for (auto& [key, entry] : cache.entries) {
+    cache.retired.push_back(std::move(entry));
+  }
+  cache.entries.clear();
+  cache.recent.fill(RecentOp{});
+  cache.generation = generation;
+  if (cache.running == 0) {
     cache.retired.clear();
   }
 }
 
-const PyOpEntry& op_entry(PyObject* func) {
-  PyOpCache& cache = py_op_cache();
-  const uint64_t generation = schema_alias_analysis_generation();
-  if (cache.generation != generation) {
-    for (auto& [key, entry] : cache.entries) {
-      cache.retired.push_back(std::move(entry));
-    }
-    cache.entries.clear();
-    cache.generation = generation;
-    if (cache.running == 0) {
-      cache.retired.clear();
-    }
-  }
-  auto it = cache.entries.find(func);
-  if (it != cache.entries.end()) {
-    return *it->second;
-  }
+// The first time `func` is seen (since the last flush).
+ALIASGUARD_COLD const PyOpEntry& add_entry(PyOpCache& cache, PyObject* func) {
   auto entry = std::make_unique<PyOpEntry>();
   if (const auto name = internals::operator_name_of(func)) {
     if (const auto handle = c10::Dispatcher::singleton().findOp(*name);
@@ -86,7 +90,37 @@ const PyOpEntry& op_entry(PyObject* func) {
   return *cache.entries.insert_or_assign(func, std::move(entry)).first->second;
 }
 
-PyObject* argument_object(
+} // namespace
+
+ALIASGUARD_HOT RunningCorrection::RunningCorrection() {
+  ++py_op_cache().running;
+}
+
+ALIASGUARD_HOT RunningCorrection::~RunningCorrection() {
+  PyOpCache& cache = py_op_cache();
+  if (--cache.running == 0 && !cache.retired.empty()) {
+    cache.retired.clear();
+  }
+}
+
+ALIASGUARD_HOT const PyOpEntry& op_entry(PyObject* func) {
+  PyOpCache& cache = py_op_cache();
+  const uint64_t generation = schema_alias_analysis_generation();
+  if (cache.generation != generation) {
+    flush(cache, generation);
+  }
+  RecentOp& recent = recent_slot(cache, func);
+  if (recent.func == func) {
+    return *recent.entry;
+  }
+  auto it = cache.entries.find(func);
+  const PyOpEntry& entry =
+      it != cache.entries.end() ? *it->second : add_entry(cache, func);
+  recent = {func, &entry};
+  return entry;
+}
+
+ALIASGUARD_HOT PyObject* argument_object(
     const PyOpEntry& entry,
     PyObject* args,
     PyObject* kwargs,

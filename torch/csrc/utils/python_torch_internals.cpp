@@ -157,21 +157,27 @@ struct FxTracingFlag {
   // torch 2.14's threading.local (a strong reference, leaked on purpose), or
   // nullptr for torch 2.13's module global.
   PyObject* thread_local_flags = nullptr;
+  // fx_symbolic_trace_dict(), kept here so that the check on every corrected
+  // op reads one function-local static, not two.
+  PyObject* module_dict = nullptr;
 };
 
-const FxTracingFlag& fx_tracing_flag() {
-  static const FxTracingFlag* flag = [] {
-    auto* found = new FxTracingFlag();
-    PyObject* dict = fx_symbolic_trace_dict();
-    PyObject* tls = dict == nullptr
-        ? nullptr
-        : PyDict_GetItemString(dict, "_is_fx_tracing_tls"); // borrowed
-    if (tls != nullptr) {
-      Py_INCREF(tls);
-      found->thread_local_flags = tls;
-    }
-    return found;
-  }();
+ALIASGUARD_COLD const FxTracingFlag* find_fx_tracing_flag() {
+  auto* found = new FxTracingFlag();
+  PyObject* dict = fx_symbolic_trace_dict();
+  found->module_dict = dict;
+  PyObject* tls = dict == nullptr
+      ? nullptr
+      : PyDict_GetItemString(dict, "_is_fx_tracing_tls"); // borrowed
+  if (tls != nullptr) {
+    Py_INCREF(tls);
+    found->thread_local_flags = tls;
+  }
+  return found;
+}
+
+inline const FxTracingFlag& fx_tracing_flag() {
+  static const FxTracingFlag* flag = find_fx_tracing_flag();
   return *flag;
 }
 
@@ -188,21 +194,38 @@ PyObject* thread_flag_dict(const FxTracingFlag& flag) {
 }
 } // namespace
 
+namespace {
+// dict[name] is True, as PyDict_GetItem(dict, name) == Py_True answers it.
+// PyDict_GetItem saves and restores the error indicator around every lookup
+// (two calls into CPython per corrected op); a lookup that starts with no
+// error pending needs neither: a failure of it is dropped, as PyDict_GetItem
+// drops it, and reads as "not set".
+inline bool flag_is_true(PyObject* dict, PyObject* name) {
+  if (PyErr_Occurred() != nullptr) [[unlikely]] {
+    return PyDict_GetItem(dict, name) == Py_True; // keeps the pending error
+  }
+  PyObject* value = PyDict_GetItemWithError(dict, name); // borrowed
+  if (value == nullptr) {
+    PyErr_Clear(); // nothing to clear unless the lookup raised
+  }
+  return value == Py_True;
+}
+} // namespace
+
 // See Note [make_fx tracing is seen through fx's flag]
-bool fx_tracing_active() {
+ALIASGUARD_HOT bool fx_tracing_active() {
   const FxTracingFlag& flag = fx_tracing_flag();
   if (flag.thread_local_flags != nullptr) {
     PyObject* dict = thread_flag_dict(flag);
     if (dict == nullptr) {
       return false;
     }
-    const bool active = PyDict_GetItem(dict, flag.thread_flag_name) == Py_True;
+    const bool active = flag_is_true(dict, flag.thread_flag_name);
     Py_DECREF(dict);
     return active;
   }
-  PyObject* dict = fx_symbolic_trace_dict();
-  return dict != nullptr && flag.module_flag_name != nullptr &&
-      PyDict_GetItem(dict, flag.module_flag_name) == Py_True;
+  return flag.module_dict != nullptr && flag.module_flag_name != nullptr &&
+      flag_is_true(flag.module_dict, flag.module_flag_name);
 }
 
 namespace {

@@ -43,8 +43,9 @@ void remember(PyObject* value, TrackedDispatchBody& body) {
 
 // Hands `body` the tensors `entry`'s op writes, as passed in `args`/`kwargs`;
 // nothing for arguments it cannot read (the correction after the body
-// reports malformed ones).
-void remember_written_tensors(
+// reports malformed ones). Out of line: in-place ops only (Note [Hot path
+// layout]).
+[[gnu::noinline]] void remember_written_tensors(
     const PyOpEntry& entry,
     PyObject* args,
     PyObject* kwargs,
@@ -105,7 +106,7 @@ PyMethodDef tracked_methods[] = {
 
 } // namespace
 
-TrackedDispatchCall::TrackedDispatchCall(
+ALIASGUARD_HOT TrackedDispatchCall::TrackedDispatchCall(
     PyObject* owner,
     PyObject* func,
     PyObject* args,
@@ -123,7 +124,7 @@ TrackedDispatchCall::TrackedDispatchCall(
   }
 }
 
-PyObject* TrackedDispatchCall::call(
+ALIASGUARD_HOT PyObject* TrackedDispatchCall::call(
     PyObject* fn,
     PyObject* const* argv,
     size_t nargsf,

@@ -35,7 +35,7 @@ void wake_all(Bodies& b) {
 } // namespace
 
 // See Note [Installing and uninstalling while bodies run]
-bool enter_body() {
+ALIASGUARD_HOT bool enter_body() {
   if (depth > 0) {
     ++depth;
     return true;
@@ -52,7 +52,7 @@ bool enter_body() {
   return true;
 }
 
-void exit_body() {
+ALIASGUARD_HOT void exit_body() {
   if (--depth > 0) {
     return;
   }

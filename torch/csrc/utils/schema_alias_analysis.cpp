@@ -293,7 +293,7 @@ uint64_t operator_registrations() {
   return analysis_cache().registrations();
 }
 
-uint64_t schema_alias_analysis_generation() {
+ALIASGUARD_HOT uint64_t schema_alias_analysis_generation() {
   return analysis_cache().generation();
 }
 

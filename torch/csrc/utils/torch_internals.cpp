@@ -14,7 +14,7 @@
 namespace aliasguard::internals {
 
 // See Note [Torch's infrastructure modes]
-bool any_infrastructure_mode_set() {
+ALIASGUARD_HOT bool any_infrastructure_mode_set() {
   using c10::impl::TorchDispatchModeKey;
   using c10::impl::TorchDispatchModeTLS;
   if (!TorchDispatchModeTLS::any_modes_set()) {

@@ -101,8 +101,11 @@ constexpr c10::DispatchKey kCheckpointWriteGuardDispatchKey =
 // used. A scope that flips several keys reads the two sets once and writes
 // them back once (c10's _force_tls_local_dispatch_key_set, what its own
 // guards restore with), since each single-key call is a thread-local access
-// of its own and a tracked body opens one scope per op. Upstream: a patch in
-// c10 would use them directly, as torch does.
+// of its own and a tracked body opens one scope per op. Single-key reads go
+// through c10's inline tls_local_dispatch_key_set() (what the out-of-line
+// tls_is_dispatch_key_included/excluded read too), so that the checks every
+// corrected __torch_dispatch__ makes are no call into libc10 each.
+// Upstream: a patch in c10 would use them directly, as torch does.
 struct LocalDispatchKeys {
   c10::DispatchKeySet included;
   c10::DispatchKeySet excluded;
@@ -119,10 +122,10 @@ inline void set_local_dispatch_keys(const LocalDispatchKeys& keys) {
   c10::impl::_force_tls_local_dispatch_key_set(raw);
 }
 inline bool is_dispatch_key_excluded(c10::DispatchKey key) {
-  return c10::impl::tls_is_dispatch_key_excluded(key);
+  return c10::impl::tls_local_dispatch_key_set().excluded_.has(key);
 }
 inline bool is_dispatch_key_included(c10::DispatchKey key) {
-  return c10::impl::tls_is_dispatch_key_included(key);
+  return c10::impl::tls_local_dispatch_key_set().included_.has(key);
 }
 inline void set_dispatch_key_included(c10::DispatchKey key, bool included) {
   c10::impl::tls_set_dispatch_key_included(key, included);

@@ -71,7 +71,7 @@ namespace aliasguard::utils {
 // set_version (the setter behind torch's _unsafe_set_version_counter), in
 // aliasguard::WrittenVersions.
 
-TrackedDispatchBody::TrackedDispatchBody(
+ALIASGUARD_HOT TrackedDispatchBody::TrackedDispatchBody(
     const void* op,
     const OpCorrectionInfo* info,
     bool correct,
@@ -81,10 +81,13 @@ TrackedDispatchBody::TrackedDispatchBody(
     return; // untracked, uncorrected: stock
   }
   // Inference mode excludes ADInplaceOrView too, but then no kernel above
-  // runs, and stock makes plain aliases: the body runs as stock.
+  // runs, and stock makes plain aliases: the body runs as stock. Read once:
+  // it is a call into libc10 and a thread-local access (Note [Hot path
+  // layout]).
+  const bool inference_mode = c10::InferenceMode::is_enabled();
   const bool below =
       internals::is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) &&
-      !c10::InferenceMode::is_enabled();
+      !inference_mode;
   body_.tracked = below && tracking_allowed;
   body_.untracked_below = below && !body_.tracked;
   options_.tracked = body_.tracked;
@@ -92,8 +95,7 @@ TrackedDispatchBody::TrackedDispatchBody(
   // body. See Note [A wrapper view made under an untracked body]; inference
   // mode is the same case: no ADInplaceOrView kernel runs above any body.
   options_.no_kernel_above_marks_views =
-      (below && current_dispatch_body().untracked_below) ||
-      c10::InferenceMode::is_enabled();
+      (below && current_dispatch_body().untracked_below) || inference_mode;
   if (info == nullptr) {
     return;
   }
@@ -106,7 +108,7 @@ TrackedDispatchBody::TrackedDispatchBody(
 }
 
 // See Note [One bump per write through __torch_dispatch__]
-void TrackedDispatchBody::settle() {
+ALIASGUARD_HOT void TrackedDispatchBody::settle() {
   if (written_.empty()) {
     return;
   }
