@@ -403,10 +403,36 @@ def _nested_autograd_view(d: Diff, want_view: Callable[[], bool]) -> bool:
     return False
 
 
+def _nested_tracking_seen(rec: dict, stock: dict | None = None) -> bool:
+    """Whether a body's view, or a view kept from one, is a view on this side, or a write made in a body (other
+    than a _foreach_ op's, which correction settles alone) counts there: what tracking alone makes (with tracking
+    off, a body's views are plain aliases and its writes count nothing, as in stock). The tracked rules show
+    only then."""
+    for section, node in (stock or {}).items():
+        if not section.startswith("inside_") or not isinstance(node, dict):
+            continue
+        for i, c in node.items():
+            mine = rec.get(section, {}).get(i)
+            if not mine or "_foreach_" in c["op"]:
+                continue
+            for key in NESTED_INT_PATHS:
+                if any(isinstance(a, int) and isinstance(b, int) and a > b
+                       for a, b in zip(mine.get(key, []), c.get(key, []))):
+                    return True
+    for section, node in rec.items():
+        if section.startswith("inside_") and isinstance(node, dict):
+            if any(v.get("is_view") is True for c in node.values() for v in c.get("outs", []) + c.get("kept", [])):
+                return True
+        if section.startswith("kept_") and section != "kept_versions_after_write" and isinstance(node, dict):
+            if any(v.get("is_view") is True for v in node.values()):
+                return True
+    return False
+
+
 def _nested_as_top_level(d: Diff) -> bool:
     # nested/tracked-tracked/<op>: both bodies tracked, so every op they run counts and views as at top level:
     # each version, _is_view, _base and stale-version flag is the emulation's (and not stock's)
-    if d.family != "nested" or d.variant != "tracked-tracked":
+    if d.family != "nested" or d.variant != "tracked-tracked" or not _nested_tracking_seen(d.ag_rec, d.stock_rec):
         return False
     want = _nested_top(d)
     if want != "<none>" and (d.key in ("version", "is_view", "base") or _nested_versionish(d)
@@ -445,12 +471,17 @@ def _nested_between(d: Diff) -> bool:
 def _nested_wrapper_tracked(d: Diff) -> bool:
     # the same, with a tracked body: the mode's (nested/wrapper_in_tracked/...) or the wrapper's own, which
     # enters the mode (nested/mode_in_wrapper/<mode>/...: the wrapper class tracks whatever the mode does)
-    return d.variant in ("wrapper_in_tracked", "mode_in_wrapper") and _nested_wrapper(d)
+    # (the wrapper's own body is not recorded: there, a write other than a _foreach_ op's counting is tracking's)
+    wrapper_counted = d.variant == "mode_in_wrapper" and "foreach" not in d.scenario and (any(
+        isinstance(a.get("version"), int) and a["version"] > d.stock_rec.get("args", {}).get(n, {}).get("version", 0)
+        for n, a in d.ag_rec.get("args", {}).items()) or d.ag_rec.get("stale") != d.stock_rec.get("stale"))
+    return (d.variant in ("wrapper_in_tracked", "mode_in_wrapper")
+            and (wrapper_counted or _nested_tracking_seen(d.ag_rec, d.stock_rec)) and _nested_wrapper(d))
 
 
 def _nested_between_tracked(d: Diff) -> bool:
     # the same, in a combination with a tracked body (what it runs counts and views as at top level)
-    return "tracked" in d.variant.split("-") and _nested_between(d)
+    return "tracked" in d.variant.split("-") and _nested_tracking_seen(d.ag_rec, d.stock_rec) and _nested_between(d)
 
 
 VIEW_OPS_REPLAYED = ("aten.slice.Tensor", "aten.as_strided.default", "aten.view.default")
