@@ -55,7 +55,7 @@ EXPECTED_FAILURES: list[Bug] = [
         "a mutating torch.library.custom_op answered by a tracked __torch_dispatch__ body counts more writes there "
         "than at top level (3 against 2), and the body's settling takes one back with no kernel above to add it: "
         "a version recorded after the op's call inside the body equals the final version although the body wrote "
-        "the argument again (test_nested_stale_versions.py)",
+        "the argument again",
         _custom_op_counts_in_body,
         ("nested/tracked-tracked/custom_op_mutate", "nested/tracked-notrack/custom_op_mutate")),
 ]
