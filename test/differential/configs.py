@@ -61,7 +61,7 @@ def opt_out_classes() -> list[type]:
     from torch.testing._internal.two_tensor import TwoTensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from differential import feature_scenarios, scenarios  # noqa: F401  (their classes exist once imported)
+    from differential import feature_scenarios, nested_scenarios, scenarios  # noqa: F401  (their classes exist once imported)
 
     found: list[type] = [TwoTensor]
     todo = [torch.Tensor, TorchDispatchMode]

@@ -36,7 +36,28 @@ def _tx(d: Diff, transforms: tuple[str, ...], mode: str) -> bool:
     return d.family == "opdb_tx" and d.variant in transforms and d.op == mode
 
 
+def _custom_op_counts_in_body(d: Diff) -> bool:
+    # nested/<a>-<b>/custom_op_mutate: a torch.library.custom_op that mutates, answered by a tracked body: inside
+    # the body its call counts more than top level's (3 against 2 with one mode), and one bump is taken back
+    # with no kernel above to add one, so the version recorded after the body's call equals the final one
+    # although the body wrote the argument again (the stale-version case)
+    from differential.intended import _nested_top, _nested_versionish
+
+    if d.family != "nested" or not d.scenario.endswith("/custom_op_mutate") or not _nested_versionish(d):
+        return False
+    want = _nested_top(d)
+    return (isinstance(d.ag, int) and isinstance(d.stock, int) and isinstance(want, int)
+            and d.ag > d.stock and d.ag > want)
+
+
 EXPECTED_FAILURES: list[Bug] = [
+    Bug("custom-op-mutate-counts-in-body",
+        "a mutating torch.library.custom_op answered by a tracked __torch_dispatch__ body counts more writes there "
+        "than at top level (3 against 2), and the body's settling takes one back with no kernel above to add it: "
+        "a version recorded after the op's call inside the body equals the final version although the body wrote "
+        "the argument again",
+        _custom_op_counts_in_body,
+        ("nested/tracked-tracked/custom_op_mutate", "nested/tracked-notrack/custom_op_mutate")),
 ]
 
 

@@ -364,6 +364,157 @@ def _dispatcher_as_top_level(d: Diff) -> bool:
     return want == d.ag and want != d.stock
 
 
+# --- family nested: two modes in every opt-out combination, wrappers inside modes, a mode inside a wrapper ---
+
+NESTED_INT_PATHS = ("written_after_call", "written_after_rewrite")
+
+
+def _nested_top(d: Diff) -> Any:
+    """What the top-level emulation (the bodies as plain functions at top level, ``top``: recorded alike on both
+    sides) has at the difference's path; ``<none>`` where it has nothing there."""
+    top = d.ag_rec.get("top") if d.family == "nested" and isinstance(d.ag_rec, dict) else None
+    if not isinstance(top, dict) or top != d.stock_rec.get("top"):
+        return "<none>"
+    node = d.lookup(top, d.path)
+    return "<none>" if node is None and d.lookup(top, d.path[:-1]) is None else node
+
+
+def _nested_versionish(d: Diff) -> bool:
+    """A version read anywhere in a nested record (argument, output, kept view, inside a body, after a write)."""
+    if d.key == "version" or d.path[:1] == ("kept_versions_after_write",):
+        return True
+    return len(d.path) >= 4 and d.path[0].startswith("inside_") and d.path[2] in NESTED_INT_PATHS
+
+
+def _nested_autograd_view(d: Diff, want_view: Callable[[], bool]) -> bool:
+    """A kept view's autograd fields (tracked-body-views-are-autograd-views), or an output's grad_fn regenerated
+    as as_strided's after a write that now counts (a view whose base's counter moved, as at top level)."""
+    section = d.path[0] if d.path else ""
+    if section.startswith("kept_") and section != "kept_versions_after_write" and len(d.path) == 3:
+        rec = d.ag_rec[section][d.path[1]]
+        if rec.get("is_view") is not True or not want_view():
+            return False
+        return ((d.key == "requires_grad" and d.stock is False and d.ag is True)
+                or (d.key == "is_leaf" and d.stock is True and d.ag is False)
+                or (d.key == "grad_fn" and d.stock is None and isinstance(d.ag, str) and d.ag.endswith("Backward0")))
+    if section == "outs" and len(d.path) == 3 and d.key == "grad_fn" and d.ag == "AsStridedBackward0":
+        ag, stock = d.ag_rec["outs"][d.path[1]], d.stock_rec["outs"][d.path[1]]
+        return ag["is_view"] is True and isinstance(ag["version"], int) and ag["version"] > stock["version"]
+    return False
+
+
+def _nested_tracking_seen(rec: dict, stock: dict | None = None) -> bool:
+    """Whether a body's view, or a view kept from one, is a view on this side, or a write made in a body (other
+    than a _foreach_ op's, which correction settles alone) counts there: what tracking alone makes (with tracking
+    off, a body's views are plain aliases and its writes count nothing, as in stock). The tracked rules show
+    only then."""
+    for section, node in (stock or {}).items():
+        if not section.startswith("inside_") or not isinstance(node, dict):
+            continue
+        for i, c in node.items():
+            mine = rec.get(section, {}).get(i)
+            if not mine or "_foreach_" in c["op"]:
+                continue
+            for key in NESTED_INT_PATHS:
+                if any(isinstance(a, int) and isinstance(b, int) and a > b
+                       for a, b in zip(mine.get(key, []), c.get(key, []))):
+                    return True
+    for section, node in rec.items():
+        if section.startswith("inside_") and isinstance(node, dict):
+            if any(v.get("is_view") is True for c in node.values() for v in c.get("outs", []) + c.get("kept", [])):
+                return True
+        if section.startswith("kept_") and section != "kept_versions_after_write" and isinstance(node, dict):
+            if any(v.get("is_view") is True for v in node.values()):
+                return True
+    return False
+
+
+def _nested_as_top_level(d: Diff) -> bool:
+    # nested/tracked-tracked/<op>: both bodies tracked, so every op they run counts and views as at top level:
+    # each version, _is_view, _base and stale-version flag is the emulation's (and not stock's)
+    if d.family != "nested" or d.variant != "tracked-tracked" or not _nested_tracking_seen(d.ag_rec, d.stock_rec):
+        return False
+    want = _nested_top(d)
+    if want != "<none>" and (d.key in ("version", "is_view", "base") or _nested_versionish(d)
+                             or d.path[:1] == ("stale",)):
+        return d.ag == want and d.stock != want
+    return _nested_autograd_view(d, lambda: _nested_top_kept_is_view(d))
+
+
+def _nested_top_kept_is_view(d: Diff) -> bool:
+    return _nested_top(dataclasses.replace(d, path=d.path[:2] + ("is_view",))) is True
+
+
+def _nested_between(d: Diff) -> bool:
+    # nested/<outer>-<inner>/<op> with a body that opts out: what the tracked bodies run counts and views as at
+    # top level, what the untracked ones run as stock, so each observable lies between stock's and the
+    # emulation's: a version above stock's and at most top level's, a view where top level has one, a stale
+    # version that matches no more (top level's flag)
+    if d.family != "nested" or d.variant.startswith(("wrapper_in_", "mode_in_")):
+        return False
+    want = _nested_top(d)
+    if want == "<none>":
+        return _nested_autograd_view(d, lambda: _nested_top_kept_is_view(d))
+    if _nested_versionish(d):
+        return isinstance(d.ag, int) and isinstance(d.stock, int) and isinstance(want, int) and d.stock < d.ag <= want
+    if d.key == "is_view":
+        return d.stock is False and d.ag is True and want is True
+    if d.key == "base":
+        # the view top level makes; its _base the emulation's, or the tensor it was taken from where an untracked
+        # body handed that tensor on as a plain alias (no kernel above it to make it a view of its root)
+        return d.stock is None and isinstance(d.ag, str) and want is not None
+    if d.path[:1] == ("stale",):
+        return d.stock is True and d.ag is False and want is False
+    return _nested_autograd_view(d, lambda: _nested_top_kept_is_view(d))
+
+
+def _nested_wrapper_tracked(d: Diff) -> bool:
+    # the same, with a tracked body: the mode's (nested/wrapper_in_tracked/...) or the wrapper's own, which
+    # enters the mode (nested/mode_in_wrapper/<mode>/...: the wrapper class tracks whatever the mode does)
+    # (the wrapper's own body is not recorded: there, a write other than a _foreach_ op's counting is tracking's)
+    wrapper_counted = d.variant == "mode_in_wrapper" and "foreach" not in d.scenario and (any(
+        isinstance(a.get("version"), int) and a["version"] > d.stock_rec.get("args", {}).get(n, {}).get("version", 0)
+        for n, a in d.ag_rec.get("args", {}).items()) or d.ag_rec.get("stale") != d.stock_rec.get("stale"))
+    return (d.variant in ("wrapper_in_tracked", "mode_in_wrapper")
+            and (wrapper_counted or _nested_tracking_seen(d.ag_rec, d.stock_rec)) and _nested_wrapper(d))
+
+
+def _nested_between_tracked(d: Diff) -> bool:
+    # the same, in a combination with a tracked body (what it runs counts and views as at top level)
+    return "tracked" in d.variant.split("-") and _nested_tracking_seen(d.ag_rec, d.stock_rec) and _nested_between(d)
+
+
+VIEW_OPS_REPLAYED = ("aten.slice.Tensor", "aten.as_strided.default", "aten.view.default")
+
+
+def _nested_wrapper(d: Diff) -> bool:
+    # nested/wrapper_in_<mode>/<wrapper>/<op> and nested/mode_in_wrapper/<mode>/<op>: a wrapper's body below a
+    # mode's, or a mode's below a wrapper's; the corrected (tracked) bodies count writes and make views, the rest
+    # run as stock: versions only above stock's, views only where stock has a plain alias, stale versions that
+    # match no more; autograd regenerating a written view's grad_fn replays the view op through the body (more
+    # calls seen there, all of them view ops, after stock's)
+    if d.family != "nested" or not d.variant.startswith(("wrapper_in_", "mode_in_")):
+        return False
+    if _nested_versionish(d):
+        if isinstance(d.ag, int) and isinstance(d.stock, int):
+            return d.ag > d.stock
+        return d.path[:1] == ("kept_versions_after_write",) and d.stock == "<absent>" and isinstance(d.ag, int)
+    if d.key == "is_view":
+        return d.stock is False and d.ag is True
+    if d.key == "base":
+        return d.stock is None and isinstance(d.ag, str)
+    if d.path[:1] == ("stale",):
+        return d.stock is True and d.ag is False
+    section = d.path[0] if d.path else ""
+    if section.startswith("inside_") and len(d.path) == 2 and d.stock == "<absent>":
+        return d.ag_rec[section][d.path[1]]["op"] in VIEW_OPS_REPLAYED  # a call stock's body did not see
+    if section.startswith(("inside_", "kept_")) and len(d.path) == 1 and d.stock == "<absent>":
+        return section.startswith("kept_") or all(c["op"] in VIEW_OPS_REPLAYED for c in d.ag_rec[section].values())
+    if section.startswith("kept_") and len(d.path) == 2 and d.stock == "<absent>":
+        return True  # a view kept by the replayed view op's body
+    return _nested_autograd_view(d, lambda: True)
+
+
 _OPDB_SAVING_RULES = ("inside-dispatch-views-are-views", "saved-view-is-view", "saved-alias-shares-counter",
                       "body-writes-count-inside", "saved-view-sees-writes")
 
@@ -453,6 +604,35 @@ INTENDED: list[Rule] = [
     Rule("dispatcher-saving-as-opdb",
          "the saving mode on the dispatcher's ops: the differences the opdb saving mode's rules accept",
          _dispatcher_saving_as_opdb),
+]
+INTENDED += [
+    Rule("nested-tracked-as-top-level",
+         "two tracked modes nested (nested/tracked-tracked): every op their bodies run, the op they answer included, "
+         "counts and makes views as at top level (the emulation: the same bodies as plain functions at top level), "
+         "so a version recorded between two writes never matches again; stock counts nothing below autograd",
+         _nested_as_top_level),
+    Rule("nested-between-stock-and-top-level",
+         "two nested modes of which one opts out (__aliasguard_track_views__ or __aliasguard_fixup__ False): what "
+         "a tracked body runs counts as at top level, what an untracked one runs as stock; each version lies above "
+         "stock's and at most at top level's, views only where top level has them",
+         _nested_between_tracked),
+    Rule("nested-untracked-bodies-corrected",
+         "two nested modes, neither tracked (one opts out of tracking, the other of tracking or correction): the "
+         "corrected body's results share their input's counter (a kept view of an output sees the output's "
+         "writes) and _foreach_* writes are counted once per element, as at top level; nothing else moves",
+         _nested_between, frozenset({"correction"}), frozenset({"tracking"})),
+    Rule("nested-wrapper-tracked-mode",
+         "a wrapper subclass inside a tracked mode, or a mode inside a (tracked) wrapper's __torch_dispatch__: the "
+         "tracked body counts writes and makes views as at top level (versions above stock's, views where stock has "
+         "plain aliases, stale versions that match no more)",
+         _nested_wrapper_tracked),
+    Rule("nested-wrapper-counts-writes",
+         "a wrapper subclass inside a mode that opts out, or such a mode inside a wrapper's __torch_dispatch__: the "
+         "corrected bodies "
+         "count writes and make views (versions above stock's, views where stock has plain aliases, stale versions "
+         "that match no more); autograd replays a written view's view op through the body when it regenerates its "
+         "grad_fn, as at top level",
+         _nested_wrapper, frozenset({"correction"}), frozenset({"tracking"})),
 ]
 # Last: it may explain only what no rule above does, and only while tracking is off.
 INTENDED.append(Rule(

@@ -172,7 +172,7 @@ def list_scenarios(logdir: str, env_extra: dict[str, str] | None = None) -> list
 
 
 # Families whose scenarios are quick (eager, no compile): witnesses are taken from them first.
-QUICK_FIRST = ("opdb", "rewrite", "detach", "checkpoint", "dispatcher", "trace", "njt", "dtensor", "opdb_tx",
+QUICK_FIRST = ("opdb", "rewrite", "detach", "checkpoint", "dispatcher", "nested", "trace", "njt", "dtensor", "opdb_tx",
                "compile", "dtensor_compile", "torchao")
 
 

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 from differential import observe as ob
 
 FAMILIES = ("opdb", "opdb_tx", "njt", "dtensor", "dtensor_compile", "trace", "compile", "torchao",
-            "checkpoint", "rewrite", "detach", "dispatcher")
+            "checkpoint", "rewrite", "detach", "dispatcher", "nested")
 
 
 @dataclass
@@ -1013,6 +1013,9 @@ def registry() -> dict[str, Scenario]:
     from differential.dispatcher_scenarios import dispatcher_scenarios  # dispatcher
 
     all_ += dispatcher_scenarios()
+    from differential.nested_scenarios import nested_scenarios  # nested
+
+    all_ += nested_scenarios()
     reg = {s.id: s for s in all_}
     assert len(reg) == len(all_), "duplicate scenario ids"
     return reg
