@@ -624,6 +624,59 @@ def _with_effects_kept(
     return saved_ops | kept_for_effect, keeping_effects
 
 
+# Note [The fast path's plan is kept per op set]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A checkpointed block builds its contexts on every call, and on a small
+# block the Python that turns the policy's ops into the fast path's list
+# (hashing each OpOverload, reading its schema, asking C++ which ops need no
+# kernel) was a visible part of the fast path's cost. What it computes
+# depends only on the op set and on the operators registered, so it is kept
+# per op set and computed again when an operator is registered or removed
+# (the registration count the write guard's sweep also follows). The checked
+# op lists are kept the same way, by the identities of the ops given (each
+# kept frozenset holds its ops, so those identities are not reused). Both
+# are bounded: a program passes a handful of op lists.
+_PLAN_LIMIT = 64
+_plans: Dict[FrozenSet[Op], Optional[Tuple[List[Tuple[str, str, Op]], Dict[str, Op]]]] = {}
+_plans_registrations = [-1]
+
+
+def _fast_path_plan(
+    saved_ops: FrozenSet[Op],
+) -> Optional[Tuple[List[Tuple[str, str, Op]], Dict[str, Op]]]:
+    """The fast path's ``(name, overload, op)`` list and ops by name, or None where it cannot take ``saved_ops``.
+
+    See Note [The fast path's plan is kept per op set].
+    """
+    registrations = _C._operator_registrations()
+    if registrations != _plans_registrations[0]:
+        _plans.clear()
+        _plans_registrations[0] = registrations
+    try:
+        return _plans[saved_ops]
+    except KeyError:
+        pass
+    ignored = sac_ignored_ops()
+    ops: List[Tuple[str, str, Op]] = []
+    by_name: Dict[str, Op] = {}
+    plan: Optional[Tuple[List[Tuple[str, str, Op]], Dict[str, Op]]] = (ops, by_name)
+    for op in saved_ops:
+        if not isinstance(op, OpOverload) or op in ignored:
+            plan = None
+            break
+        name, overload = _qualified(op)
+        # Views, in-place and CompositeImplicitAutograd ops are recomputed by
+        # the modes too (or never reach them): leaving them out is the same.
+        if _C._sac_fast_skip_reason(name, overload):
+            continue
+        ops.append((name, overload, op))
+        by_name[f"{name}.{overload}" if overload else name] = op
+    if len(_plans) >= _PLAN_LIMIT:
+        _plans.clear()
+    _plans[saved_ops] = plan
+    return plan
+
+
 def _fast_path_contexts(
     saved_ops: FrozenSet[Op],
     allow_cache_entry_mutation: bool,
@@ -674,19 +727,10 @@ def _fast_path_contexts(
             stacklevel=3,
         )
         return None
-    ignored = sac_ignored_ops()
-    ops: List[Tuple[str, str, Op]] = []
-    by_name: Dict[str, Op] = {}
-    for op in saved_ops:
-        if not isinstance(op, OpOverload) or op in ignored:
-            return None
-        name, overload = _qualified(op)
-        # Views, in-place and CompositeImplicitAutograd ops are recomputed by
-        # the modes too (or never reach them): leaving them out is the same.
-        if _C._sac_fast_skip_reason(name, overload):
-            continue
-        ops.append((name, overload, op))
-        by_name[f"{name}.{overload}" if overload else name] = op
+    plan = _fast_path_plan(saved_ops)
+    if plan is None:
+        return None
+    ops, by_name = plan
     # See Note [Higher-order operators in a fast-path region] in _install.py.
     _install.prepare_higher_order_ops_for_checkpoint(_HOP_MODE_TYPES)
     state = _C._sac_fast_new_state(ops, bool(allow_cache_entry_mutation), policy_fn)
@@ -698,7 +742,15 @@ def _fast_path_contexts(
 # Public API.
 
 
+_checked: Dict[Tuple[int, ...], FrozenSet[Op]] = {}
+
+
 def _checked_ops(ops: Collection[Any]) -> FrozenSet[Op]:
+    """``ops`` as a frozenset, each checked to be an op; see Note [The fast path's plan is kept per op set]."""
+    identities = tuple(map(id, ops))
+    found = _checked.get(identities)
+    if found is not None:
+        return found
     for op in ops:
         if not isinstance(op, (OpOverload, HigherOrderOperator)):
             hint = ""
@@ -713,7 +765,11 @@ def _checked_ops(ops: Collection[Any]) -> FrozenSet[Op]:
                 f"OpOverloads (e.g. torch.ops.aten.mm.default), got {op!r} of "
                 f"type {type(op).__name__}.{hint}"
             )
-    return frozenset(ops)
+    checked = frozenset(ops)
+    if len(_checked) >= _PLAN_LIMIT:
+        _checked.clear()
+    _checked[identities] = checked
+    return checked
 
 
 def _as_policy(
@@ -782,10 +838,12 @@ def _coercing(policy_fn: PolicyFn) -> PolicyFn:
     return checked
 
 
-def _check_flags(function: str, **flags: Any) -> None:
+def _check_flags(function: str, allow_cache_entry_mutation: Any, fast_path: Any) -> None:
     """``TypeError`` for the first flag that is not a Python ``bool``, naming it and its type."""
-    for name, value in flags.items():
-        require_bool(f"aliasguard.checkpoint.{function}", name, value)
+    if allow_cache_entry_mutation.__class__ is bool and fast_path.__class__ is bool:
+        return  # the usual case, on every call of a checkpointed block: no message built
+    require_bool(f"aliasguard.checkpoint.{function}", "allow_cache_entry_mutation", allow_cache_entry_mutation)
+    require_bool(f"aliasguard.checkpoint.{function}", "fast_path", fast_path)
 
 
 def create_selective_checkpoint_contexts(

@@ -796,3 +796,32 @@ def test_a_function_compiled_inside_a_fast_path_region_compiles_once_more():
         frames[guard] = counter.frame_count
     torch._dynamo.reset()
     assert frames[True] == frames[False] + 1, frames
+
+
+# See Note [The fast path's plan is kept per op set].
+def test_the_checked_op_list_follows_a_list_changed_between_calls():
+    policy = [aten.mm.default]
+    first = ours._checked_ops(policy)
+    assert ours._checked_ops(policy) is first  # kept
+    policy.append(aten.bmm.default)
+    assert ours._checked_ops(policy) == frozenset({aten.mm.default, aten.bmm.default})
+    policy[0] = "aten.mm"
+    with pytest.raises(ValueError, match="must hold OpOverloads"):
+        ours._checked_ops(policy)
+
+
+def test_the_fast_path_plan_is_made_again_when_an_operator_is_registered(monkeypatch):
+    ops = frozenset({aten.mm.default, aten.addmm.default})
+    made: List[Any] = []
+    real = ours._qualified
+    monkeypatch.setattr(ours, "_qualified", lambda op: made.append(op) or real(op))
+    ours._fast_path_plan(ops)
+    ours._fast_path_plan(ops)
+    assert len(made) <= 2  # made at most once (it may have been kept from an earlier test)
+    before = len(made)
+    lib = torch.library.Library("aliasguard_plan_test", "FRAGMENT")
+    lib.define("noop(Tensor x) -> Tensor")
+    plan = ours._fast_path_plan(ops)
+    assert len(made) == before + 2  # made again
+    assert plan is not None and {op for _, _, op in plan[0]} == set(ops)
+    del lib
