@@ -635,7 +635,9 @@ def _with_effects_kept(
 # (the registration count the write guard's sweep also follows). The checked
 # op lists are kept the same way, by the identities of the ops given (each
 # kept frozenset holds its ops, so those identities are not reused). Both
-# are bounded: a program passes a handful of op lists.
+# are bounded: a program passes a handful of op lists. While dynamo traces
+# the contexts' construction nothing is kept (a cache write there would be a
+# side effect for dynamo to replay).
 _PLAN_LIMIT = 64
 _plans: Dict[FrozenSet[Op], Optional[Tuple[List[Tuple[str, str, Op]], Dict[str, Op]]]] = {}
 _plans_registrations = [-1]
@@ -747,8 +749,11 @@ _checked: Dict[Tuple[int, ...], FrozenSet[Op]] = {}
 
 def _checked_ops(ops: Collection[Any]) -> FrozenSet[Op]:
     """``ops`` as a frozenset, each checked to be an op; see Note [The fast path's plan is kept per op set]."""
-    identities = tuple(map(id, ops))
-    found = _checked.get(identities)
+    # Under dynamo the cache would be a side effect to replay in the graph's
+    # bytecode (a frozenset stored into a module's dict): checked afresh.
+    compiling = torch.compiler.is_compiling()
+    identities = () if compiling else tuple(map(id, ops))
+    found = None if compiling else _checked.get(identities)
     if found is not None:
         return found
     for op in ops:
@@ -766,9 +771,10 @@ def _checked_ops(ops: Collection[Any]) -> FrozenSet[Op]:
                 f"type {type(op).__name__}.{hint}"
             )
     checked = frozenset(ops)
-    if len(_checked) >= _PLAN_LIMIT:
-        _checked.clear()
-    _checked[identities] = checked
+    if not compiling:
+        if len(_checked) >= _PLAN_LIMIT:
+            _checked.clear()
+        _checked[identities] = checked
     return checked
 
 
