@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 # What aliasguard does that the intended rules record, by the switch that takes it away.
-FEATURES = ("correction", "tracking", "detach", "version", "checkpoint")
+FEATURES = ("correction", "tracking", "detach", "version", "checkpoint", "write-guard")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ MUTANTS: dict[str, frozenset[str]] = {
     "tracking": frozenset({"tracking"}),
     "detach": frozenset({"detach"}),
     "version": frozenset({"version"}),
-    "checkpoint": frozenset({"checkpoint"}),
+    "checkpoint": frozenset({"checkpoint", "write-guard"}),
+    "write-guard": frozenset({"write-guard"}),
 }
 
 
@@ -128,6 +129,8 @@ def apply_mutant(ag: Any) -> str | None:
         # the checkpoint's own switch for both mutation checks, forced on
         ckpt.create_selective_checkpoint_contexts = functools.partial(ckpt.create_selective_checkpoint_contexts,
                                                                       allow_cache_entry_mutation=True)
+    elif name == "write-guard":
+        ag._C._test_set_write_guard(False)  # the fast path's regions check versions at their end only
     else:
         raise SystemExit(f"ALIASGUARD_DIFF_MUTANT={name!r}: one of {', '.join(MUTANTS)}")
     return name

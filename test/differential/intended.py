@@ -279,12 +279,14 @@ def _checkpoint_refuses(variant: str) -> Callable[[Diff], bool]:
     return pred
 
 
-def _checkpoint_refuses_before_the_write(variant: str) -> Callable[[Diff], bool]:
+def _checkpoint_refuses_before_the_write(variant: str, paths: tuple[str, ...]) -> Callable[[Diff], bool]:
     # checkpoint/<variant>/write_in_forward_kept: aliasguard.checkpoint refuses the write inside the region
-    # before it happens (CheckpointMutationError from the call), so the tensor it would have written keeps its
-    # value and version; torch's SAC lets the write through (and finds it at recompute).
+    # (CheckpointMutationError from the call: path "refused") before it happens, so the tensor it would have
+    # written keeps its value and version (path "kept"); torch's SAC lets the write through (and finds it at
+    # recompute). The fast path's two halves are two rules: the refusal alone would also come from the
+    # version check at the region's end, without its write guard.
     def pred(d: Diff) -> bool:
-        if d.family != "checkpoint" or d.variant != variant or d.path[:1] not in (("kept",), ("refused",)):
+        if d.family != "checkpoint" or d.variant != variant or d.path[0] not in paths:
             return False
         if d.path == ("refused",):
             return d.ag == "CheckpointMutationError" and d.stock == "<no exception>"
@@ -573,14 +575,17 @@ INTENDED: list[Rule] = [
          "write after it), where torch's SAC raises a RuntimeError at recompute or, when a batched matmul's "
          "_unsafe_view hides the write, computes wrong gradients silently",
          _checkpoint_refuses("sac"), frozenset({"checkpoint"})),
+    Rule("checkpoint-refuses-in-the-region",
+         "aliasguard.checkpoint's fast path refuses a write to a cached tensor inside the region: the call "
+         "raises CheckpointMutationError, where torch's SAC lets the write through",
+         _checkpoint_refuses_before_the_write("sac", ("refused",)), frozenset({"checkpoint"})),
     Rule("checkpoint-refuses-before-the-write",
-         "aliasguard.checkpoint's fast path refuses a write to a cached tensor inside the region before it "
-         "happens (its write guard: C++ kernels for the ops that write, on while the region runs): the tensor "
-         "keeps its value and version, where torch's SAC lets the write through",
-         _checkpoint_refuses_before_the_write("sac"), frozenset({"checkpoint"})),
+         "and it refuses it before it happens (its write guard: C++ kernels for the ops that write, on while "
+         "the region runs): the tensor keeps its value and version",
+         _checkpoint_refuses_before_the_write("sac", ("kept",)), frozenset({"checkpoint", "write-guard"})),
     Rule("checkpoint-modes-refuse-before-the-write",
          "the same with fast_path=False: its forward dispatch mode refuses the write before it happens",
-         _checkpoint_refuses_before_the_write("sac_modes"), frozenset({"checkpoint", "detach"})),
+         _checkpoint_refuses_before_the_write("sac_modes", ("refused", "kept")), frozenset({"checkpoint", "detach"})),
     Rule("checkpoint-modes-refuse-mutated-cache",
          "the same with fast_path=False (its dispatch modes: the write is refused before it happens); the modes "
          "keep cached outputs with detach below autograd, so this rests on detach keeping the counter too",

@@ -1129,6 +1129,10 @@ void init_selective_checkpoint_bindings(py::module_& m) {
   m.def("_sac_write_guard_is_on", &is_write_guard_on);
   m.def("_sac_write_guard_num_kernels", &num_write_guard_kernels);
   m.def("_sac_write_guard_unavailable_reason", &write_guard_unavailable_reason);
+  m.def(
+      "_test_set_write_guard",
+      &set_write_guard_enabled_for_testing,
+      py::arg("enabled"));
   m.def("_sac_fast_num_open_regions", &num_open_fast_path_regions);
   m.attr("_sac_forward_dispatch") = as_method(&forward_def);
   m.attr("_sac_recompute_dispatch") = as_method(&recompute_def);

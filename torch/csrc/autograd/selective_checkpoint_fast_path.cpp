@@ -338,7 +338,8 @@ void FastPathRegion::enter_forward() {
   open_regions.push_back({this, Phase::kForward});
   if (!allow_mutation_ && !guarding_writes_) {
     // False only where the key is not free, which the import's self-test
-    // already refuses; the version checks then remain.
+    // already refuses, or the test-only switch is off; the version checks
+    // then remain.
     guarding_writes_ = push_write_checker(this);
   }
 }

@@ -191,10 +191,17 @@ void set_guard_key(bool on) {
   internals::set_local_dispatch_keys(keys);
 }
 
+std::atomic<bool> enabled_for_testing{true};
+
 } // namespace
 
+bool set_write_guard_enabled_for_testing(bool enabled) {
+  return enabled_for_testing.exchange(enabled);
+}
+
 bool push_write_checker(const WriteChecker* checker) {
-  if (!ensure_kernels()) {
+  if (!enabled_for_testing.load(std::memory_order_relaxed) ||
+      !ensure_kernels()) {
     return false;
   }
   if (thread_guard.checkers.empty()) {

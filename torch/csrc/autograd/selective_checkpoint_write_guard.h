@@ -72,6 +72,11 @@ ALIASGUARD_API void pop_write_checker(const WriteChecker* checker);
 
 // Whether the guard is on for this thread (for tests).
 ALIASGUARD_API bool is_write_guard_on();
+// Test-only switch: with false, push_write_checker refuses (returns false)
+// in every thread, so fast-path regions fall back to their version checks at
+// the region's end. The differential harness's write-guard mutant uses it to
+// show that its rules need the guard. Returns the previous setting.
+ALIASGUARD_API bool set_write_guard_enabled_for_testing(bool enabled);
 // Ops with a guard kernel (for tests).
 ALIASGUARD_API size_t num_write_guard_kernels();
 // Why the guard cannot be used here (empty when it can): another library
