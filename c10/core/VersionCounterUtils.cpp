@@ -36,6 +36,33 @@ void WrittenVersions::undo_one_bump() {
   }
 }
 
+void WrittenVersions::take_back_bumps_made_above() {
+  for (auto& [counter, version] : entries_) {
+    const uint32_t current = counter.current_version();
+    if (current > 0) {
+      counter.set_version(current - 1);
+    }
+  }
+  for (auto& [counter, version] : entries_) {
+    version = counter.current_version();
+  }
+}
+
+void WrittenVersions::give_back_unmoved() {
+  // One bump was taken per entry; entries sharing a counter were remembered
+  // at the same version, so whether it moved is read for all of them before
+  // any is given back.
+  c10::SmallVector<bool, 2> unmoved;
+  for (const auto& [counter, version] : entries_) {
+    unmoved.push_back(counter.current_version() == version);
+  }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (unmoved[i]) {
+      entries_[i].first.bump();
+    }
+  }
+}
+
 void WrittenVersions::bump_to_one_per_write() {
   // Entries that share a counter (a tensor listed twice, two views of one
   // base) were remembered at the same version; the first of them settles

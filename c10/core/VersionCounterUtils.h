@@ -68,6 +68,13 @@ class WrittenVersions {
   // counted as top level counts it (once per list element, so a tensor
   // listed twice, or two views of one base, count twice).
   ALIASGUARD_API void bump_to_one_per_write();
+  // Takes back, from each counter, one bump per remembered tensor that uses
+  // it, and remembers the versions after: a kernel above bumped them before
+  // the body started, and the body's own call of the op bumps them again.
+  ALIASGUARD_API void take_back_bumps_made_above();
+  // Gives back what take_back_bumps_made_above took from each counter that
+  // has not moved since: the body did not call the op, nor write the tensor.
+  ALIASGUARD_API void give_back_unmoved();
 
  private:
   c10::SmallVector<std::pair<c10::VariableVersion, uint32_t>, 2> entries_;

@@ -62,4 +62,33 @@ TEST(VersionCounterUtils, SharesNoVersionCounterOnlyWhenBothHaveOne) {
   EXPECT_FALSE(aliasguard::shares_no_version_counter(a, inference));
 }
 
+// See Note [One bump per write through __torch_dispatch__]: a kernel above
+// bumped first; the body's own call of the op bumps again.
+TEST(WrittenVersions, BumpsMadeAboveAreTakenBackAndGivenBackIfUnmoved) {
+  at::Tensor a = at::ones({2});
+  at::Tensor view = a.view({2}); // shares a's counter
+  const auto start = a._version();
+  a.unsafeGetTensorImpl()->bump_version(); // the kernel above, for a
+  a.unsafeGetTensorImpl()->bump_version(); // and for the view
+  ASSERT_EQ(view._version(), start + 2);
+
+  aliasguard::WrittenVersions untouched;
+  untouched.remember(*a.unsafeGetTensorImpl());
+  untouched.remember(*view.unsafeGetTensorImpl());
+  untouched.take_back_bumps_made_above();
+  EXPECT_EQ(a._version(), start);
+  untouched.give_back_unmoved(); // the body neither called the op nor wrote
+  EXPECT_EQ(a._version(), start + 2);
+
+  aliasguard::WrittenVersions written;
+  written.remember(*a.unsafeGetTensorImpl());
+  written.take_back_bumps_made_above();
+  EXPECT_EQ(a._version(), start + 1);
+  a.unsafeGetTensorImpl()->bump_version(); // the body's call of the op
+  const auto seen = a._version(); // recorded by the body
+  a.unsafeGetTensorImpl()->bump_version(); // a second write in the body
+  written.give_back_unmoved();
+  EXPECT_EQ(a._version(), seen + 1); // moved: nothing given back, not stale
+}
+
 } // namespace

@@ -247,3 +247,75 @@ def test_ops_registered_around_uninstall_and_install_count_as_at_top_level():
     assert uninstalled == "0 0"  # as stock through a mode
     assert installed == "1 1"
     assert after == "1"
+
+
+# --- a custom op whose ADInplaceOrView kernel bumps before the body runs ---------------------------
+# See Note [ADInplaceOrView kernels that bump first] (torch_internals.h).
+
+
+@torch.library.custom_op("aliasguard_test_bumps_first::mutate", mutates_args=("x",))
+def _bumps_first(x: torch.Tensor) -> None:
+    x.add_(1)
+
+
+class RecordsThenWrites(TorchDispatchMode):
+    """Answers the custom op, records its argument's version, then writes it once more (or not at all)."""
+
+    def __init__(self, call: bool = True, write: bool = True):
+        super().__init__()
+        self.call, self.write = call, write
+        self.recorded = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is not torch.ops.aliasguard_test_bumps_first.mutate.default:
+            return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {})) if self.call else None
+        self.recorded = args[0]._version
+        if self.write:
+            args[0].mul_(1)
+        return out
+
+
+def _top_level_emulation(write: bool) -> tuple:
+    # The same body run as a plain function at top level.
+    x = torch.zeros(3)
+    torch.ops.aliasguard_test_bumps_first.mutate(x)
+    recorded = x._version
+    if write:
+        x.mul_(1)
+    return recorded, x._version
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_a_custom_op_that_bumps_first_counts_in_a_body_as_at_top_level(write):
+    x = torch.zeros(3)
+    mode = RecordsThenWrites(call=True, write=write)
+    with mode:
+        torch.ops.aliasguard_test_bumps_first.mutate(x)
+    assert (mode.recorded, x._version) == _top_level_emulation(write)
+    if write:
+        assert x._version != mode.recorded, "a write after the recorded version was hidden"
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_a_body_answering_a_custom_op_that_bumps_first_without_calling_it(write):
+    # The kernel's bump is taken back while the body runs (the body sees one version less than stock's
+    # body would) and given back if nothing moved the counter: the op counts once, as in stock; a write
+    # the body makes is seen.
+    x = torch.zeros(3)
+    mode = RecordsThenWrites(call=False, write=write)
+    with mode:
+        torch.ops.aliasguard_test_bumps_first.mutate(x)
+    assert mode.recorded == 0
+    assert x._version == 1
+    if write:
+        assert x._version != mode.recorded, "a write after the recorded version was hidden"
+
+
+def test_a_custom_op_that_bumps_first_nested_in_two_tracked_modes_counts_as_at_top_level():
+    x = torch.zeros(3)
+    inner, outer = RecordsThenWrites(), RecordsThenWrites()
+    with inner, outer:
+        torch.ops.aliasguard_test_bumps_first.mutate(x)
+    # outer's body calls the op (inner answers it: op, record, write), then records and writes.
+    assert (inner.recorded, outer.recorded, x._version) == (2, 3, 4)

@@ -1,6 +1,7 @@
 #include <torch/csrc/utils/op_correction_info.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/utils/torch_internals.h>
 
 namespace aliasguard::utils {
 
@@ -23,7 +24,9 @@ OpCorrectionInfo op_correction_info(const c10::OperatorHandle& op) {
     info.sole_view_argument = sole;
   }
   if (info.has_inplace_or_view_kernel) {
-    info.write_counting = WriteCounting::kOuterKernelBumps;
+    info.write_counting = internals::inplace_or_view_kernel_bumps_first(op)
+        ? WriteCounting::kOuterKernelBumpedFirst
+        : WriteCounting::kOuterKernelBumps;
   } else if (returns.empty()) {
     info.write_counting = WriteCounting::kOnePerWrite;
   }

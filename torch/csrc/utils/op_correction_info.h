@@ -24,6 +24,11 @@ enum class WriteCounting : uint8_t {
   // The op has an ADInplaceOrView kernel, which bumps each written argument
   // after the body returns: the body's own bump is taken back.
   kOuterKernelBumps,
+  // The op's ADInplaceOrView kernel bumped each written argument before the
+  // body started (Note [ADInplaceOrView kernels that bump first]): that bump
+  // is taken back as the body starts, and given back when it ends if nothing
+  // moved the counter since.
+  kOuterKernelBumpedFirst,
   // No such kernel and no returns (the _foreach_*_ family): each counter is
   // brought up to one bump per written argument that uses it.
   kOnePerWrite,

@@ -121,6 +121,9 @@ ALIASGUARD_HOT TrackedDispatchCall::TrackedDispatchCall(
               !owner_opted_out(owner, tracking_opt_out_attribute)) {
   if (body_.wants_written_tensors()) {
     remember_written_tensors(*entry_, args, kwargs, body_);
+    if (settle_written_versions.load(std::memory_order_relaxed)) {
+      body_.written_remembered();
+    }
   }
 }
 

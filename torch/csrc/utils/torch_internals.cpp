@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/selective_checkpoint_write_guard.h>
 #include <torch/csrc/autograd/track_views.h>
 
+#include <string_view>
+
 namespace aliasguard::internals {
 
 // See Note [Torch's infrastructure modes]
@@ -248,6 +250,22 @@ void check_view_grad_fn_rebuild(std::vector<std::string>& problems) {
 }
 
 } // namespace
+
+bool inplace_or_view_kernel_bumps_first(const c10::OperatorHandle& op) {
+  // See Note [ADInplaceOrView kernels that bump first]: the line of the
+  // key's own registration in the op's state, e.g. "ADInplaceOrView:
+  // registered at .../torch/_library/custom_ops.py:1104 :: ...".
+  const std::string state = op.dumpState();
+  const std::string_view line_start = "\nADInplaceOrView: registered at ";
+  const size_t start = state.find(line_start);
+  if (start == std::string::npos) {
+    return false;
+  }
+  const size_t end = state.find('\n', start + 1);
+  const std::string_view line = std::string_view(state).substr(
+      start, end == std::string::npos ? std::string::npos : end - start);
+  return line.find("torch/_library/custom_ops.py") != std::string_view::npos;
+}
 
 std::vector<std::string> torch_internals_self_test() {
   // The checks need tensors with version counters and autograd metadata;

@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+namespace c10 {
+class OperatorHandle;
+} // namespace c10
+
 // The one place where aliasguard's C++ reaches torch internals that are not
 // part of any API torch promises to keep: each with a Note on why it is
 // needed and what upstream would offer instead. torch_internals_self_test()
@@ -207,6 +211,20 @@ enum class AutogradMetaKind {
 };
 ALIASGUARD_API AutogradMetaKind
 autograd_meta_kind(const at::TensorBase& tensor);
+
+// Note [ADInplaceOrView kernels that bump first]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch's generated ADInplaceOrView kernels bump each written argument after
+// the op below them returned; the one torch.library.custom_op registers for
+// an op with mutates_args (torch/_library/custom_ops.py) bumps them first,
+// then redispatches. Which of the two an op has decides how a tracked body's
+// writes are settled (Note [One bump per write through __torch_dispatch__]),
+// and the dispatcher says only that a kernel exists: the registration's
+// debug string, which names the file that registered it, is what tells them
+// apart. Upstream: the custom op's kernel bumping after the redispatch, as
+// the generated ones do.
+ALIASGUARD_API bool inplace_or_view_kernel_bumps_first(
+    const c10::OperatorHandle& op);
 
 // Every torch internal above checked against the torch this process runs:
 // one line per internal that no longer behaves as relied on, naming it;

@@ -49,6 +49,15 @@ namespace aliasguard::utils {
 // instead would mean excluding ADInplaceOrView for exactly the body's call of
 // the same op on the same arguments, which the wrapper cannot single out (the
 // body may unwrap, redispatch or write through a view).
+// An op whose ADInplaceOrView kernel bumps before it redispatches (Note
+// [ADInplaceOrView kernels that bump first]: torch.library.custom_op's) has
+// made its bump when the body starts, and nothing bumps after it: taking one
+// back at the end would let a version the body recorded after its call of
+// the op be current again. So that bump is taken back as the body starts
+// (the body's own call of the op makes it again, where top level makes it)
+// and given back when the body returns only if nothing moved the counter. A
+// body that answers such an op without calling it sees the argument's
+// version one lower than a stock body would, until it returns.
 // Only a tracked body takes a bump back: the body of a class that opted out
 // of tracking runs below ADInplaceOrView, so its own call of the op bumped
 // nothing, and a tracked body nested in it (an inner mode) already took back
@@ -108,11 +117,23 @@ ALIASGUARD_HOT TrackedDispatchBody::TrackedDispatchBody(
 }
 
 // See Note [One bump per write through __torch_dispatch__]
+void TrackedDispatchBody::written_remembered() {
+  if (write_counting_ == WriteCounting::kOuterKernelBumpedFirst &&
+      body_.tracked) {
+    written_.take_back_bumps_made_above();
+  }
+}
+
+// See Note [One bump per write through __torch_dispatch__]
 ALIASGUARD_HOT void TrackedDispatchBody::settle() {
   if (written_.empty()) {
     return;
   }
-  if (write_counting_ == WriteCounting::kOuterKernelBumps) {
+  if (write_counting_ == WriteCounting::kOuterKernelBumpedFirst) {
+    if (body_.tracked) {
+      written_.give_back_unmoved();
+    }
+  } else if (write_counting_ == WriteCounting::kOuterKernelBumps) {
     // Only a tracked body's own call of the op reached the op's
     // ADInplaceOrView kernel and bumped; an untracked one (a class that
     // opted out) bumped nothing of its own, and whatever moved the counters

@@ -37,6 +37,9 @@ class ALIASGUARD_API TrackedDispatchBody {
   void remember_written(const c10::TensorImpl& impl) {
     written_.remember(impl);
   }
+  // After the written tensors were handed in, before the body runs. See Note
+  // [One bump per write through __torch_dispatch__].
+  void written_remembered();
 
   // The body runs while a Scope is alive: its op and entry state recorded,
   // ADInplaceOrView re-enabled when tracked.
