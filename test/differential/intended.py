@@ -529,6 +529,55 @@ def _dispatcher_saving_as_opdb(d: Diff) -> bool:
     return any(RULES[r].matches(as_opdb) for r in _OPDB_SAVING_RULES)
 
 
+
+# --- dynamo's guards for frames compiled inside a tracked body ---------------------------------
+
+_KEY_SET = re.compile(r"DispatchKeySet\(([^)]*)\)")
+# The keys a tracked body's thread state adds (Note [The tracked views' dispatch key]; the body runs with
+# ADInplaceOrView as top level does), which dynamo's tensor guards read from the thread's include set.
+_TRACKED_BODY_KEYS = frozenset({"ADInplaceOrView", "AutocastIPU"})
+
+
+def _global_state(line: str) -> Any:
+    try:
+        return json.loads(line.split(" against ", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _tracked_body_guards(d: Diff) -> bool:
+    """A frame dynamo compiles inside a tracked ``__torch_dispatch__`` body (a graph break there) records the
+    body's thread state in its guards: its tensors' dispatch key sets hold the body's keys (and a tensor the
+    body made as a view requires grad, as tracked-body-views-are-autograd-views has it), and the global
+    state reads autocast as enabled for exactly one device (IPU, the borrowed key's). Nothing else of the
+    line differs."""
+    if _mode(d) is None or d.path[:1] != ("guards",) or len(d.path) != 3:
+        return False
+    _, frame, line = d.path
+    stock_line, ag_line = d.stock_rec["guards"][frame][line], d.ag_rec["guards"][frame][line]  # not shortened
+    if "TENSOR_MATCH:" in ag_line:
+        s, a = _KEY_SET.search(stock_line), _KEY_SET.search(ag_line)
+        if s is None or a is None:
+            return False
+        stock_keys, ag_keys = s.group(1).split(", "), a.group(1).split(", ")
+        added = set(ag_keys) - set(stock_keys)
+        rest_stock, rest_ag = stock_line.replace(s.group(0), ""), ag_line.replace(a.group(0), "")
+        # a tensor the body made as a view requires grad (tracked-body-views-are-autograd-views)
+        made_view = rest_ag.replace("requires_grad=True", "requires_grad=False") == rest_stock
+        return (set(stock_keys) <= set(ag_keys) and bool(added) and added <= _TRACKED_BODY_KEYS
+                and (rest_stock == rest_ag or made_view))
+    if "GLOBAL_STATE:" in ag_line:
+        stock, ag = _global_state(stock_line), _global_state(ag_line)
+        if not isinstance(stock, dict) or not isinstance(ag, dict):
+            return False
+        s_on, a_on = stock["autocast_state"]["enabled"], ag["autocast_state"]["enabled"]
+        turned_on = [i for i, (x, y) in enumerate(zip(s_on, a_on)) if x != y]
+        if len(s_on) != len(a_on) or len(turned_on) != 1 or a_on[turned_on[0]] is not True:
+            return False
+        ag["autocast_state"]["enabled"] = s_on
+        return ag == stock
+    return False
+
 INTENDED: list[Rule] = [
     Rule("inside-dispatch-views-are-views",
          "inside __torch_dispatch__ a view op's output is an autograd view of its input and shares its "
@@ -560,6 +609,12 @@ INTENDED: list[Rule] = [
          "aten::detach below autograd shares its input's version counter (design.md: detach keeps the version "
          "counter), so the detached tensor's _version follows its input's and moves with writes to it",
          _detach_keeps_counter, frozenset({"detach"}), frozenset({"tracking"})),
+    Rule("tracked-body-guards",
+         "dynamo's guards for a frame it compiles inside a tracked __torch_dispatch__ body (a graph break in a "
+         "wrapper's body, opdb_tx/compile_*) read the body's thread state: its tensors' dispatch key sets hold "
+         "ADInplaceOrView (the body runs as top level does) and AutocastIPU (the borrowed tracked-views key), "
+         "and the global state reads autocast as enabled for IPU, the device of that key",
+         _tracked_body_guards),
     Rule("wrapper-inplace-sizes",
          "a wrapper subclass written by an in-place op takes the sizes the op returned, so its shape/stride "
          "match the op on plain tensors (stock keeps the wrapper's stale sizes)",

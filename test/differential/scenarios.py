@@ -65,7 +65,8 @@ class Context:
 
 
 def _injection(side: str, scenario_id: str) -> str | None:
-    # ALIASGUARD_DIFF_INJECT="<regex>=<value|version|raise>[;...]", applied on the aliasguard side only.
+    # ALIASGUARD_DIFF_INJECT="<regex>=<value|version|raise|guard>[;...]", applied on the aliasguard side only
+    # (guard: compiled() marks a dimension of the first input static, so dynamo guards on the mark).
     spec = os.environ.get("ALIASGUARD_DIFF_INJECT")
     if not spec or side != "aliasguard":
         return None
@@ -342,10 +343,59 @@ def opdb_scenarios() -> list[Scenario]:
 # --- compile helper --------------------------------------------------------------------
 
 
+class _GuardRecorder:
+    """The guards dynamo installs, one sorted list per compiled frame, from torch's ``guards`` log artifact.
+
+    Each compiled frame logs ``GUARDS:``, then its guard tree, one guard per line (``| +- TENSOR_MATCH:
+    check_tensor(...)``). The source comments are dropped and what differs between processes by
+    construction (object and type ids, addresses, dict version tags) is replaced by a placeholder, so that
+    two processes compiling the same code record the same lines. Nothing is printed while recording."""
+
+    NAME = "torch._dynamo.guards.__guards"
+    _COMMENT = re.compile(r"\s+#\s.*$")
+    _IDS = re.compile(r"0x[0-9a-fA-F]+|(?<![0-9])[0-9]{6,}(?![0-9])")
+    _DICT_VERSION = re.compile(r"(___dict_version\([^)]*\)\s*==\s*)\d+")
+
+    def __init__(self) -> None:
+        self.frames: list[list[str]] = []
+
+    def __enter__(self) -> "_GuardRecorder":
+        import logging
+
+        torch._logging.set_logs(guards=True)
+        self._logger = logging.getLogger(self.NAME)
+        self._saved = (self._logger.handlers[:], self._logger.propagate)
+        recorder = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                recorder.add(record.getMessage())
+
+        self._logger.handlers = [Handler(logging.DEBUG)]
+        self._logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._logger.handlers, self._logger.propagate = self._saved
+        torch._logging.set_logs()
+
+    def add(self, message: str) -> None:
+        if message == "GUARDS:":
+            self.frames.append([])
+        elif self.frames and "TREE_GUARD_MANAGER:" in message:
+            for line in message.splitlines():
+                if "+- " in line:
+                    part = self._COMMENT.sub("", line)
+                    self.frames[-1].append(self._DICT_VERSION.sub(r"\1<n>", self._IDS.sub("<id>", part)))
+
+    def record(self) -> list[list[str]]:
+        return [sorted(set(frame)) for frame in self.frames]
+
+
 def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grads: bool = True,
              dynamic: bool | None = None, around: Callable[[], Any] = contextlib.nullcontext,
              with_values: bool = True, extra: Callable[[Any], dict] | None = None) -> dict:
-    """Run ``torch.compile(fn)`` on each input tuple; results, gradients and dynamo's counts.
+    """Run ``torch.compile(fn)`` on each input tuple; results, gradients, dynamo's counts and guards.
 
     ``around()`` is entered for each call (not for the backward), ``extra(out)`` adds to a call's record."""
     import torch._dynamo
@@ -362,12 +412,15 @@ def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grad
 
     cf = torch.compile(fn, backend=counting, dynamic=dynamic)
     rec: dict[str, Any] = {"calls": []}
+    guards = _GuardRecorder()
     for args in inputs:
         leaves = ob.named("arg", args)
         pool = {id(t): n for n, t in leaves}
+        if ctx.inject == "guard":  # one guard more (a dimension marked static), nothing else changed
+            torch._dynamo.mark_static(next(t for _, t in leaves if t.dim() > 0), 0)
 
         def one(args: tuple = args) -> Any:
-            with around():
+            with around(), guards:
                 return cf(*args)
 
         out, err = call(one)
@@ -389,6 +442,7 @@ def compiled(ctx: Context, fn: Callable, inputs: list[tuple], backend: str, grad
     rec["graph_breaks"] = sum(counters["graph_break"].values())
     rec["unique_graphs"] = counters["stats"]["unique_graphs"]
     rec["frames_ok"] = counters["frames"]["ok"]
+    rec["guards"] = guards.record()
     torch._dynamo.reset()
     return rec
 

@@ -590,3 +590,44 @@ def test_a_view_given_a_storage_is_asked_its_layout_once_when_its_wrapper_answer
         del _AnswersLayout.__aliasguard_fixup__
         lib._destroy()
 
+
+
+def test_borrowed_keys_read_as_autocast_for_their_devices_only_where_they_are_on():
+    # design.md lists it ("Not exercised by the harness's scenarios"): the two keys aliasguard
+    # borrows are autocast keys, and torch answers "is autocast enabled for this device" from the
+    # thread's exclude set, so IPU reads as enabled inside a tracked body and XLA inside a fast-path
+    # region's forward pass; every real device reads as stock, and nothing shows outside them.
+    from aliasguard.checkpoint import checkpoint
+
+    devices = ("cpu", "cuda", "ipu", "xla")
+    seen: dict = {}
+
+    def record(where):
+        seen.setdefault(where, []).append({d for d in devices if torch.is_autocast_enabled(d)})
+
+    class Tracked(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            record(type(self).__name__)
+            return func(*args, **(kwargs or {}))
+
+    class OptedOut(Tracked):
+        __aliasguard_track_views__ = False
+
+    x = torch.randn(3, requires_grad=True)
+    for mode in (Tracked, OptedOut):
+        with mode():
+            x.view(3)
+
+    def region(t, where):
+        record(where)
+        return torch.mm(t, t).sin()
+
+    y = torch.randn(3, 3, requires_grad=True)
+    guarded = checkpoint(region, y, "guarded", policy=[aten.mm.default])
+    unguarded = checkpoint(region, y, "unguarded", policy=[aten.mm.default], allow_cache_entry_mutation=True)
+    (guarded + unguarded).sum().backward()  # each region runs again, for its recompute
+    record("after")
+    assert seen == {
+        "Tracked": [{"ipu"}], "OptedOut": [set()],
+        "guarded": [{"xla"}, set()], "unguarded": [set(), set()], "after": [set()],
+    }, seen
