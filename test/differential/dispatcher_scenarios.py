@@ -29,6 +29,11 @@ tracked body) or ``after`` (by the first such scenario, after a tracked body ran
 list-mutating op, a view op and a view-list op (Note [Ops registered after the tracked views' kernels]).
 ``dispatcher/keep/custom_<when>_<op>/0``: a body keeps the custom view op's view of ``sin``'s output,
 then the output is written: the kept view, and what the same view op gives at top level.
+``dispatcher/<mode>/custom_cpp_<when>_<op>/<variant>`` and ``dispatcher/keep/custom_cpp_<when>_<op>/0``: the
+same four kinds (``mutate``, ``mutate_list``, ``view``, ``view_list``) registered from C++ with
+``TORCH_LIBRARY`` (test/cpp/differential_test_ops.cpp), one library per registration time, loaded with
+``torch.ops.load_library`` at the same two times (``differential.cpp_ops``); where the build did not make
+them, each such scenario raises ``TestOpsNotBuilt`` on both sides and is reported unexpected.
 
 Nothing here imports aliasguard.
 """
