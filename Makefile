@@ -14,6 +14,9 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(VENV_ABS)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# Where the build puts the custom ops registered from C++ that the tests load
+# (test/differential/cpp_ops.py).
+export ALIASGUARD_TEST_OPS_DIR := $(abspath $(BUILD))/test_ops
 
 .PHONY: setup build demo test test-cpp test-python lint bench test-torch clean sanitize test-differential
 

@@ -29,6 +29,11 @@ tracked body) or ``after`` (by the first such scenario, after a tracked body ran
 list-mutating op, a view op and a view-list op (Note [Ops registered after the tracked views' kernels]).
 ``dispatcher/keep/custom_<when>_<op>/0``: a body keeps the custom view op's view of ``sin``'s output,
 then the output is written: the kept view, and what the same view op gives at top level.
+``dispatcher/<mode>/custom_cpp_<when>_<op>/<variant>`` and ``dispatcher/keep/custom_cpp_<when>_<op>/0``: the
+same four kinds (``mutate``, ``mutate_list``, ``view``, ``view_list``) registered from C++ with
+``TORCH_LIBRARY`` (test/cpp/differential_test_ops.cpp), one library per registration time, loaded with
+``torch.ops.load_library`` at the same two times (``differential.cpp_ops``); where the build did not make
+them, each such scenario raises ``TestOpsNotBuilt`` on both sides and is reported unexpected.
 
 Nothing here imports aliasguard.
 """
@@ -41,6 +46,7 @@ from typing import Any
 
 import torch
 
+from differential import cpp_ops
 from differential import observe as ob
 from differential.scenarios import Context, PassMode, SavingMode, Scenario, call
 
@@ -129,6 +135,24 @@ def custom_op(when: str, name: str) -> Any:
             torch.zeros(2).view(2).add_(1)
     _register_custom(when)
     return getattr(getattr(torch.ops, f"agdiff_{when}"), name).default
+
+
+# --- custom ops registered from C++ (TORCH_LIBRARY), loaded before and after the first tracked body -----
+
+CPP_OPS = ("mutate", "mutate_list", "view", "view_list")
+CPP_VARIANTS = {"mutate_list": LIST_VARIANTS}  # the rest take no tensor list
+
+
+def custom_cpp_op(when: str, name: str) -> Any:
+    """The op from the ``agdiff_cpp_<when>`` library (differential/cpp_ops.py), loaded as ``custom_op`` registers:
+    ``before`` when this module lists its scenarios, ``after`` by the first scenario that needs it, after a
+    tracked body ran. Raises ``TestOpsNotBuilt`` when the build did not make the library."""
+    ns = f"agdiff_cpp_{when}"
+    if when == "after" and not cpp_ops.is_loaded(ns):
+        cpp_ops.library_path(ns)  # missing: raise before the body, as when listing
+        with PassMode():  # a tracked body on the aliasguard side, before the op exists
+            torch.zeros(2).view(2).add_(1)
+    return getattr(cpp_ops.load(ns), name).default
 
 
 # --- inputs from the schema -----------------------------------------------------------------
@@ -374,6 +398,10 @@ def _variants(op: Any) -> tuple[str, ...]:
 
 def dispatcher_scenarios() -> list[Scenario]:
     _register_custom("before")  # at import, before any scenario runs a tracked body
+    try:
+        cpp_ops.load("agdiff_cpp_before")  # the same, for the ops registered from C++
+    except cpp_ops.TestOpsNotBuilt:
+        pass  # listed all the same: each of their scenarios fails with this error (compare.UNRUNNABLE)
     out = []
     for name in aten_ops():
         op = aten_op(name)
@@ -393,4 +421,14 @@ def dispatcher_scenarios() -> list[Scenario]:
         for name in ("define_view", "define_view_list"):
             out.append(Scenario(f"dispatcher/keep/custom_{when}_{name}/0", "dispatcher",
                                 lambda ctx, when=when, name=name: run_keep(ctx, custom_op(when, name))))
+    for when in ("before", "after"):
+        for name in CPP_OPS:
+            for mode in MODES:
+                for variant in CPP_VARIANTS.get(name, ("plain",)):
+                    out.append(Scenario(f"dispatcher/{mode}/custom_cpp_{when}_{name}/{variant}", "dispatcher",
+                                        lambda ctx, when=when, name=name, mode=mode, variant=variant:
+                                        run_op(ctx, custom_cpp_op(when, name), mode, variant)))
+        for name in ("view", "view_list"):
+            out.append(Scenario(f"dispatcher/keep/custom_cpp_{when}_{name}/0", "dispatcher",
+                                lambda ctx, when=when, name=name: run_keep(ctx, custom_cpp_op(when, name))))
     return out

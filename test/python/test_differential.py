@@ -223,6 +223,21 @@ def test_diff_compares_exception_types_not_messages():
     assert compare.diff({"outs": {}}, a) == [(("call", "exc"), "<no exception>", "RuntimeError")]
 
 
+def test_a_scenario_that_cannot_run_for_want_of_the_cpp_test_ops_fails_on_both_sides():
+    # the C++ test ops missing (differential/cpp_ops.py): the same error on both sides, nothing compared
+    err = {"harness_error": {"exc": "TestOpsNotBuilt", "msg": "build/test_ops/libagdiff_cpp_before.so is missing"}}
+    v = compare.classify("dispatcher/pass/custom_cpp_before_mutate/plain", err, err)
+    assert v["status"] == "unexpected" and v["diffs"][0]["path"] == "harness_error/exc", v
+
+
+def test_the_cpp_test_ops_are_built_and_found():
+    # `make build` makes them; a run without them fails their scenarios (above), so say so here first
+    from differential import cpp_ops
+
+    for ns in cpp_ops.NAMESPACES:
+        assert os.path.isfile(cpp_ops.library_path(ns))
+
+
 def test_diff_sees_nan_signed_zero_and_lengths():
     assert compare.diff({"v": ["nan", 1.0]}, {"v": ["nan", 1.0]}) == []
     assert compare.diff({"v": [0.0]}, {"v": ["-0.0"]}) != []

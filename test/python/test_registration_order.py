@@ -10,13 +10,18 @@ through a mode where top level counts each; and an untracked outer mode took
 back a bump its own call never made (Note [One bump per write through
 __torch_dispatch__]). Registration order needs fresh processes, and stock's
 numbers a process that never imports aliasguard: each (side, order) runs
-once, in a child, and the tests compare what the children report.
+once, in a child, and the tests compare what the children report. The custom
+ops come from Python (torch.library) and from C++ (TORCH_LIBRARY in a test
+library that `make build` builds, test/differential/cpp_ops.py), each
+registered at every order.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -25,6 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import aliasguard  # noqa: F401 - the in-process tests run with it installed
 from tracking_scenarios import WritesTwice
 from subprocess_snippets import assert_clean_exit, run_snippet
+
+TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TEST_DIR not in sys.path:
+    sys.path.insert(0, TEST_DIR)
+from differential import cpp_ops  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -36,7 +46,7 @@ ORDERS = ("before_import", "before_first_body", "after_first_body")
 # a pass-through mode, and what a view kept in a body by each view op sees.
 PROGRAM = r"""
 import json, os, sys
-SIDE, ORDER = sys.argv[1], sys.argv[2]
+SIDE, ORDER, CPP_LIBRARY = sys.argv[1], sys.argv[2], sys.argv[3]
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
@@ -55,6 +65,8 @@ def register():
     lib.impl("dview", lambda x: x.view(x.shape), "CompositeExplicitAutograd")
     lib.define("dsplit(Tensor(a) x) -> Tensor(a)[]")
     lib.impl("dsplit", lambda x: list(x.view(2, -1).unbind(0)), "CPU")
+    # the same kinds registered from C++ (TORCH_LIBRARY, test/cpp/differential_test_ops.cpp)
+    torch.ops.load_library(CPP_LIBRARY)
 
 if ORDER == "before_import":
     register()
@@ -74,6 +86,7 @@ if SIDE == "aliasguard":
     assert aliasguard._C._has_tracked_view_kernels()
 if ORDER == "after_first_body":
     register()
+cpp = getattr(torch.ops, os.path.basename(CPP_LIBRARY)[len("lib"):-len(".so")])
 
 def versions(fn, through_mode):
     x = torch.zeros(4)
@@ -87,6 +100,8 @@ def versions(fn, through_mode):
 WRITES = {
     "custom_op": torch.ops.agorder.cmut,
     "library_define": torch.ops.agorder.dmut,
+    "cpp_library": cpp.mutate,
+    "cpp_library_list": lambda x: cpp.mutate_list(list(x.view(2, 2).unbind(0))),
     "foreach_repeated": lambda x: torch._foreach_add_([x, x], 1.0),
     "foreach_halves": lambda x: torch._foreach_mul_(list(x.view(2, 2).unbind(0)), 2.0),
 }
@@ -106,6 +121,8 @@ VIEWS = {
     "aten_view": lambda t: t.view(t.shape),
     "library_view": torch.ops.agorder.dview,
     "library_view_list": lambda t: torch.ops.agorder.dsplit(t)[1],
+    "cpp_view": cpp.view,
+    "cpp_view_list": lambda t: cpp.view_list(t)[1],
 }
 out["views"] = {}
 for name, view in VIEWS.items():
@@ -123,13 +140,15 @@ print(json.dumps(out))
 
 @functools.lru_cache(maxsize=None)
 def observed(side: str, order: str) -> dict:
-    result = run_snippet(f"import sys; sys.argv[1:] = {[side, order]!r}\n" + PROGRAM)
+    # the C++ ops' library (one namespace per registration time; a missing build fails here, never skips)
+    cpp = cpp_ops.library_path("agdiff_cpp_after" if order == "after_first_body" else "agdiff_cpp_before")
+    result = run_snippet(f"import sys; sys.argv[1:] = {[side, order, cpp]!r}\n" + PROGRAM)
     assert_clean_exit(result)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("op", ["custom_op", "library_define"])
+@pytest.mark.parametrize("op", ["custom_op", "library_define", "cpp_library", "cpp_library_list"])
 def test_a_custom_op_through_a_mode_counts_its_writes_as_stock_top_level_whenever_registered(op, order):
     stock = observed("stock", "after_first_body")["writes"][op]
     ours = observed("aliasguard", order)["writes"][op]
@@ -147,7 +166,7 @@ def test_foreach_through_a_mode_counts_each_listed_alias_as_stock_top_level(op):
 
 
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("view", ["library_view", "library_view_list"])
+@pytest.mark.parametrize("view", ["library_view", "library_view_list", "cpp_view", "cpp_view_list"])
 def test_a_view_kept_from_a_custom_view_op_in_a_body_sees_later_writes_whenever_registered(view, order):
     stock = observed("stock", "after_first_body")["views"]
     ours = observed("aliasguard", order)["views"]
