@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 # What aliasguard does that the intended rules record, by the switch that takes it away.
-FEATURES = ("correction", "tracking", "detach", "version", "checkpoint", "write-guard")
+# "torch-class-tracking": tracking in the bodies of torch's own subclasses (NestedTensor), which the class
+# opt-outs, set on the harness's classes only, leave on; the process-wide switches take it with "tracking".
+FEATURES = ("correction", "tracking", "torch-class-tracking", "detach", "version", "checkpoint", "write-guard")
+_GLOBAL_TRACKING = frozenset({"tracking", "torch-class-tracking"})
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,10 @@ class Config:
 
 CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("default", frozenset(), "aliasguard as imported"),
-    Config("tracking-off", frozenset({"tracking"}), "aliasguard.set_view_tracking(False)"),
+    Config("tracking-off", _GLOBAL_TRACKING, "aliasguard.set_view_tracking(False)"),
     # correction is what hands tracked views back to autograd: no correction, no automatic tracking
-    Config("correction-off", frozenset({"correction", "tracking"}), "aliasguard.set_alias_correction(False)"),
-    Config("both-off", frozenset({"correction", "tracking"}),
+    Config("correction-off", _GLOBAL_TRACKING | {"correction"}, "aliasguard.set_alias_correction(False)"),
+    Config("both-off", _GLOBAL_TRACKING | {"correction"},
            "aliasguard.set_view_tracking(False) and aliasguard.set_alias_correction(False)"),
     Config("class-tracking-off", frozenset({"tracking"}),
            "__aliasguard_track_views__ = False on the harness's modes and wrappers (opt_out_classes())"),
@@ -45,12 +48,13 @@ CONFIG_NAMES = tuple(CONFIGS)
 
 # Each mutant switches one feature off (correction takes tracking with it, as its opt-out does).
 MUTANTS: dict[str, frozenset[str]] = {
-    "correction": frozenset({"correction", "tracking"}),
-    "tracking": frozenset({"tracking"}),
+    "correction": _GLOBAL_TRACKING | {"correction"},
+    "tracking": _GLOBAL_TRACKING,
     "detach": frozenset({"detach"}),
     "version": frozenset({"version"}),
     "checkpoint": frozenset({"checkpoint", "write-guard"}),
     "write-guard": frozenset({"write-guard"}),
+    "torch-class-tracking": frozenset({"torch-class-tracking"}),
 }
 
 
@@ -131,6 +135,10 @@ def apply_mutant(ag: Any) -> str | None:
                                                                       allow_cache_entry_mutation=True)
     elif name == "write-guard":
         ag._C._test_set_write_guard(False)  # the fast path's regions check versions at their end only
+    elif name == "torch-class-tracking":
+        from torch.nested._internal.nested_tensor import NestedTensor
+
+        NestedTensor.__aliasguard_track_views__ = False  # torch's own subclass opts out, as a user's class may
     else:
         raise SystemExit(f"ALIASGUARD_DIFF_MUTANT={name!r}: one of {', '.join(MUTANTS)}")
     return name

@@ -578,6 +578,21 @@ def _tracked_body_guards(d: Diff) -> bool:
         return ag == stock
     return False
 
+
+_VALUES_BASE_GUARD = re.compile(
+    r"^(?:\| )*\+- LAMBDA_GUARD: (L\['[^']+'\])\._values\._base\.size\(\)\[\d+\] == \1\._values\.size\(\)\[\d+\]$")
+
+
+def _njt_values_base_guard(d: Diff) -> bool:
+    """torch.compile of a function whose input is an NJT view made by an op whose NJT body views its values:
+    the input's ``_values`` is an autograd view there (its body was tracked), so dynamo also guards the size
+    of its ``_base`` against the values' own, one line per such input; every other guard is stock's."""
+    if d.family != "njt" or not d.variant.startswith("compile_") or d.path[:1] != ("guards",) or len(d.path) != 2:
+        return False
+    stock, ag = d.stock_rec["guards"][d.path[1]], d.ag_rec["guards"][d.path[1]]
+    extra = [line for line in ag if line not in stock]
+    return bool(extra) and set(stock) <= set(ag) and all(_VALUES_BASE_GUARD.match(line) for line in extra)
+
 INTENDED: list[Rule] = [
     Rule("inside-dispatch-views-are-views",
          "inside __torch_dispatch__ a view op's output is an autograd view of its input and shares its "
@@ -615,6 +630,11 @@ INTENDED: list[Rule] = [
          "ADInplaceOrView (the body runs as top level does) and AutocastIPU (the borrowed tracked-views key), "
          "and the global state reads autocast as enabled for IPU, the device of that key",
          _tracked_body_guards),
+    Rule("njt-values-base-guard",
+         "torch.compile of a function whose input is a view of a nested jagged tensor made by narrow or unsqueeze "
+         "(whose NJT bodies view the values): the input's _values is an autograd view of its base's values (views "
+         "made in a tracked body are views for autograd), so dynamo guards that base's size too: one more guard",
+         _njt_values_base_guard, frozenset({"torch-class-tracking"})),
     Rule("wrapper-inplace-sizes",
          "a wrapper subclass written by an in-place op takes the sizes the op returned, so its shape/stride "
          "match the op on plain tensors (stock keeps the wrapper's stale sizes)",

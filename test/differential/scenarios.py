@@ -580,20 +580,26 @@ NJT_TRACING = {"make_fx": ("real", False), "make_fx_fake": ("fake", False), "mak
 NJT_INDUCTOR_OPS = ("sin_mul2", "transpose", "inplace_mul")  # a fusion, a view, an in-place op; full run only
 # The input is itself a view (a transposed NJT, as OpInfo's *_noncontig_transposed samples): meta conversion replays
 # its view function on a fake base, through NJT's __torch_dispatch__.
-NJT_VIEW_INPUT_VARIANTS = ("fake_view_input", "compile_eager_view_input", "compile_aot_eager_view_input")
+# The same under torch.compile with inputs made by the views whose NJT body views its values along the batch's
+# ragged dimension's neighbours (narrow, unsqueeze): guards are compared (njt-values-base-guard).
+NJT_VIEW_INPUT_VARIANTS = ("fake_view_input", "compile_eager_view_input", "compile_aot_eager_view_input",
+                           "compile_eager_narrow_input", "compile_aot_eager_narrow_input",
+                           "compile_eager_unsqueeze_input", "compile_aot_eager_unsqueeze_input")
 NJT_VIEW_INPUT_OPS = ("sin", "clone", "sin_mul2", "transpose", "sum")
-
-
-def _njt_transposed(requires_grad: bool = True) -> torch.Tensor:
-    return _njt(requires_grad).transpose(1, 2)
+NJT_INPUT_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "_view_input": lambda t: t.transpose(1, 2),
+    "_narrow_input": lambda t: t.narrow(2, 0, 2),
+    "_unsqueeze_input": lambda t: t.unsqueeze(-1),
+}
 
 
 def run_njt(ctx: Context, opname: str, variant: str) -> dict:
     fn = NJT_OPS[opname]
     make = _njt
-    if variant.endswith("_view_input"):
-        make = _njt_transposed
-        variant = variant[: -len("_view_input")]
+    for suffix, view in NJT_INPUT_VIEWS.items():
+        if variant.endswith(suffix):
+            make = lambda view=view: view(_njt())  # noqa: E731
+            variant = variant[: -len(suffix)]
     if variant.startswith("compile_"):
         backend = variant[len("compile_"):]
         return compiled(ctx, fn, [(make(),), (make(),)], backend)
