@@ -411,24 +411,22 @@ def dispatcher_scenarios() -> list[Scenario]:
                                     lambda ctx, name=name, mode=mode, variant=variant:
                                     run_op(ctx, aten_op(name), mode, variant)))
     for when in ("before", "after"):
-        for name in CUSTOM_OPS:
-            op = custom_op("before", name)  # the schema only: the same for both registrations
-            for mode in MODES:
-                for variant in _variants(op):
-                    out.append(Scenario(f"dispatcher/{mode}/custom_{when}_{name}/{variant}", "dispatcher",
-                                        lambda ctx, when=when, name=name, mode=mode, variant=variant:
-                                        run_op(ctx, custom_op(when, name), mode, variant)))
-        for name in ("define_view", "define_view_list"):
-            out.append(Scenario(f"dispatcher/keep/custom_{when}_{name}/0", "dispatcher",
-                                lambda ctx, when=when, name=name: run_keep(ctx, custom_op(when, name))))
+        out += _custom_scenarios(f"custom_{when}", CUSTOM_OPS, lambda name: _variants(custom_op("before", name)),
+                                 functools.partial(custom_op, when), ("define_view", "define_view_list"))
     for when in ("before", "after"):
-        for name in CPP_OPS:
-            for mode in MODES:
-                for variant in CPP_VARIANTS.get(name, ("plain",)):
-                    out.append(Scenario(f"dispatcher/{mode}/custom_cpp_{when}_{name}/{variant}", "dispatcher",
-                                        lambda ctx, when=when, name=name, mode=mode, variant=variant:
-                                        run_op(ctx, custom_cpp_op(when, name), mode, variant)))
-        for name in ("view", "view_list"):
-            out.append(Scenario(f"dispatcher/keep/custom_cpp_{when}_{name}/0", "dispatcher",
-                                lambda ctx, when=when, name=name: run_keep(ctx, custom_cpp_op(when, name))))
+        out += _custom_scenarios(f"custom_cpp_{when}", CPP_OPS, lambda name: CPP_VARIANTS.get(name, ("plain",)),
+                                 functools.partial(custom_cpp_op, when), ("view", "view_list"))
+    return out
+
+
+def _custom_scenarios(prefix: str, names: tuple[str, ...], variants: Any, op_of: Any,
+                      kept_views: tuple[str, ...]) -> list[Scenario]:
+    """``dispatcher/<mode>/<prefix>_<op>/<variant>`` for each custom op, and ``dispatcher/keep/...`` for its view
+    ops; ``variants(name)`` reads the schema only (the same for either registration time)."""
+    out = [Scenario(f"dispatcher/{mode}/{prefix}_{name}/{variant}", "dispatcher",
+                    lambda ctx, name=name, mode=mode, variant=variant: run_op(ctx, op_of(name), mode, variant))
+           for name in names for mode in MODES for variant in variants(name)]
+    out += [Scenario(f"dispatcher/keep/{prefix}_{name}/0", "dispatcher",
+                     lambda ctx, name=name: run_keep(ctx, op_of(name)))
+            for name in kept_views]
     return out
